@@ -1,0 +1,107 @@
+//! The emulator's control socket: a Unix stream socket taking one JSON request per connection
+//! and answering one JSON line. Used by the lab library, `wsx-lab stats` and `wsx-lab set`.
+
+use super::params::LinkParams;
+use super::stats::EmulatorStats;
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+/// A direction of the link, as named on the control socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// gw-a to gw-b: client to server.
+    AToB,
+    /// gw-b to gw-a: server to client.
+    BToA,
+    /// Both directions.
+    Both,
+}
+
+/// The configuration of a running emulator.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmulatorConfig {
+    /// gw-a to gw-b (client to server).
+    pub a_to_b: LinkParams,
+    /// gw-b to gw-a (server to client).
+    pub b_to_a: LinkParams,
+    /// Seed of the random generators (loss, jitter, reordering, duplication).
+    pub seed: u64,
+}
+
+/// A request on the control socket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub(crate) enum Request {
+    Stats,
+    Config,
+    Set { direction: Direction, params: LinkParams },
+}
+
+/// An answer on the control socket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub(crate) enum Response {
+    Stats(EmulatorStats),
+    Config(EmulatorConfig),
+    Done,
+    Error { message: String },
+}
+
+/// A client for a running emulator's control socket.
+#[derive(Clone, Debug)]
+pub struct EmulatorHandle {
+    socket: PathBuf,
+}
+
+impl EmulatorHandle {
+    /// A handle on the emulator listening at `socket`.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self { socket: socket.into() }
+    }
+
+    /// The control socket's path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The emulator's counters now.
+    pub fn stats(&self) -> Result<EmulatorStats> {
+        match self.request(&Request::Stats)? {
+            Response::Stats(stats) => Ok(stats),
+            other => bail!("unexpected answer to stats: {other:?}"),
+        }
+    }
+
+    /// The link parameters in force.
+    pub fn config(&self) -> Result<EmulatorConfig> {
+        match self.request(&Request::Config)? {
+            Response::Config(config) => Ok(config),
+            other => bail!("unexpected answer to config: {other:?}"),
+        }
+    }
+
+    /// Changes one or both directions while the emulator runs (a step change in rate or delay).
+    pub fn set(&self, direction: Direction, params: LinkParams) -> Result<()> {
+        match self.request(&Request::Set { direction, params })? {
+            Response::Done => Ok(()),
+            Response::Error { message } => bail!("emulator refused the change: {message}"),
+            other => bail!("unexpected answer to set: {other:?}"),
+        }
+    }
+
+    fn request(&self, request: &Request) -> Result<Response> {
+        let mut stream = UnixStream::connect(&self.socket)
+            .with_context(|| format!("connecting to the emulator at {}", self.socket.display()))?;
+        let mut line = serde_json::to_string(request)?;
+        line.push('\n');
+        stream.write_all(line.as_bytes())?;
+        let mut answer = String::new();
+        BufReader::new(stream).read_line(&mut answer).context("reading the emulator's answer")?;
+        serde_json::from_str(&answer).with_context(|| format!("bad answer from the emulator: {answer:?}"))
+    }
+}

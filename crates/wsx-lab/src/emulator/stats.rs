@@ -1,0 +1,125 @@
+//! Counters the emulator keeps per direction, and their snapshots.
+
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What one direction of the link has seen, since the emulator started. Bytes are IP bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DirectionStats {
+    /// Packets that arrived at the link.
+    pub rx_pkts: u64,
+    /// Bytes that arrived at the link.
+    pub rx_bytes: u64,
+    /// Packets that left the link (duplicates included).
+    pub fwd_pkts: u64,
+    /// Bytes that left the link.
+    pub fwd_bytes: u64,
+    /// Packets dropped by independent random loss.
+    pub drop_random: u64,
+    /// Packets dropped by Gilbert-Elliott burst loss.
+    pub drop_burst: u64,
+    /// Packets dropped because the bottleneck queue was full.
+    pub drop_queue: u64,
+    /// Extra copies sent by duplication.
+    pub duplicated: u64,
+    /// Packets held back so that later ones overtook them.
+    pub reordered: u64,
+    /// Frames the emulator itself failed to carry: dropped by the kernel before the emulator read
+    /// them, too large (an offload left on), or refused on send, or no buffer left. Any non-zero
+    /// value means the emulator, not the emulated link, lost packets: the measurement is invalid.
+    pub emulator_faults: u64,
+}
+
+impl DirectionStats {
+    /// Packets the emulated link dropped on purpose.
+    pub fn emulated_drops(&self) -> u64 {
+        self.drop_random + self.drop_burst + self.drop_queue
+    }
+
+    /// The change from `earlier` to `self`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            rx_pkts: self.rx_pkts - earlier.rx_pkts,
+            rx_bytes: self.rx_bytes - earlier.rx_bytes,
+            fwd_pkts: self.fwd_pkts - earlier.fwd_pkts,
+            fwd_bytes: self.fwd_bytes - earlier.fwd_bytes,
+            drop_random: self.drop_random - earlier.drop_random,
+            drop_burst: self.drop_burst - earlier.drop_burst,
+            drop_queue: self.drop_queue - earlier.drop_queue,
+            duplicated: self.duplicated - earlier.duplicated,
+            reordered: self.reordered - earlier.reordered,
+            emulator_faults: self.emulator_faults - earlier.emulator_faults,
+        }
+    }
+}
+
+/// A snapshot of the whole emulator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct EmulatorStats {
+    /// From gw-a to gw-b (client to server).
+    pub a_to_b: DirectionStats,
+    /// From gw-b to gw-a (server to client).
+    pub b_to_a: DirectionStats,
+    /// User CPU seconds of the emulator process.
+    pub cpu_user_s: f64,
+    /// System CPU seconds of the emulator process.
+    pub cpu_sys_s: f64,
+    /// Peak resident memory of the emulator process, KiB.
+    pub max_rss_kb: u64,
+    /// Packet buffers allocated (the high-water mark of packets held at once).
+    pub buffers: u64,
+}
+
+impl EmulatorStats {
+    /// CPU seconds, user plus system.
+    pub fn cpu_s(&self) -> f64 {
+        self.cpu_user_s + self.cpu_sys_s
+    }
+}
+
+/// Live counters of one direction. Each has a single writer (the forwarding thread), so an
+/// update is a relaxed load and store, not a locked read-modify-write; readers may see a
+/// snapshot a few packets old.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    values: [AtomicU64; 10],
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Counter {
+    RxPkts,
+    RxBytes,
+    FwdPkts,
+    FwdBytes,
+    DropRandom,
+    DropBurst,
+    DropQueue,
+    Duplicated,
+    Reordered,
+    EmulatorFaults,
+}
+
+impl Counters {
+    pub(crate) fn add(&self, counter: Counter, n: u64) {
+        let slot = &self.values[counter as usize];
+        slot.store(slot.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> DirectionStats {
+        let v = |c: Counter| self.values[c as usize].load(Ordering::Relaxed);
+        DirectionStats {
+            rx_pkts: v(Counter::RxPkts),
+            rx_bytes: v(Counter::RxBytes),
+            fwd_pkts: v(Counter::FwdPkts),
+            fwd_bytes: v(Counter::FwdBytes),
+            drop_random: v(Counter::DropRandom),
+            drop_burst: v(Counter::DropBurst),
+            drop_queue: v(Counter::DropQueue),
+            duplicated: v(Counter::Duplicated),
+            reordered: v(Counter::Reordered),
+            emulator_faults: v(Counter::EmulatorFaults),
+        }
+    }
+}

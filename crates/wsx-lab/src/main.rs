@@ -1,0 +1,185 @@
+//! `wsx-lab`: build the lab, run the WAN emulator, send and sink verified traffic.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+use wsx_lab::emulator::{self, Direction, EmulatorConfig, EmulatorHandle, LinkParams};
+use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
+use wsx_lab::{Lab, Node, WanSpec};
+
+#[derive(Parser, Debug)]
+#[command(name = "wsx-lab", version, about = "The wsx lab: namespaces, WAN emulator, verified traffic")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Build a lab and keep it until Ctrl-C; prints its namespaces and the emulator socket.
+    Up {
+        #[command(flatten)]
+        wan: WanSpec,
+    },
+    /// Remove namespaces and files left by lab runs whose process has died.
+    Clean {
+        /// Remove every lab, also those of running processes.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Print a running emulator's counters as JSON.
+    Stats {
+        /// The emulator's control socket.
+        #[arg(long)]
+        socket: PathBuf,
+    },
+    /// Change a running emulator's link parameters (JSON `LinkParams`).
+    Set {
+        /// The emulator's control socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// Which direction to change.
+        #[arg(long, value_enum, default_value_t = Direction::Both)]
+        direction: Direction,
+        /// The new parameters, e.g. '{"delay_us":50000,"rate_kbit":20000}'.
+        params: String,
+    },
+    /// Run the emulator (the lab starts this inside the wan namespace).
+    Emulate {
+        /// Interface towards gw-a.
+        #[arg(long)]
+        a: String,
+        /// Interface towards gw-b.
+        #[arg(long)]
+        b: String,
+        /// Path of the control socket to create.
+        #[arg(long)]
+        control: PathBuf,
+        /// JSON `EmulatorConfig`.
+        #[arg(long)]
+        config: String,
+    },
+    /// Send verified traffic to a sink.
+    Send {
+        /// The sink's address.
+        #[arg(long)]
+        to: SocketAddr,
+        /// Parallel TCP connections.
+        #[arg(long, default_value_t = 1)]
+        flows: u16,
+        /// Bytes per flow (otherwise send for --seconds).
+        #[arg(long)]
+        bytes: Option<u64>,
+        /// Duration of a timed run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// TCP congestion control (cubic, bbr, reno); default: the namespace's.
+        #[arg(long)]
+        cc: Option<String>,
+        /// Payload.
+        #[arg(long, value_enum, default_value_t = PayloadKind::Random)]
+        payload: PayloadKind,
+        /// Seed of the payload streams.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the JSON report here ("-": stdout).
+        #[arg(long, default_value = "-")]
+        json: String,
+    },
+    /// Accept and verify traffic; prints "ready" once listening, then the report.
+    Sink {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Connections to accept.
+        #[arg(long, default_value_t = 1)]
+        flows: u16,
+        /// A connection idle this many seconds fails.
+        #[arg(long, default_value_t = 120)]
+        idle_timeout_s: u64,
+        /// Write the JSON report here ("-": stdout).
+        #[arg(long, default_value = "-")]
+        json: String,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Up { wan } => {
+            wsx_lab::install_signal_cleanup()?;
+            let lab = Lab::start(&wan.emulator_config())?;
+            println!("lab {} is up ({} ms RTT, {} % loss, {} Mbit/s)", lab.name(), wan.rtt_ms, wan.loss_pct, wan.rate_mbit);
+            for node in Node::ALL {
+                println!("  {:<7} ip netns exec {} ...", node.role(), lab.netns(node));
+            }
+            println!("  client {} / {}", wsx_lab::addr::CLIENT_V4, wsx_lab::addr::CLIENT_V6);
+            println!("  server {} / {}", wsx_lab::addr::SERVER_V4, wsx_lab::addr::SERVER_V6);
+            println!("  emulator: wsx-lab stats --socket {}", lab.emulator().socket().display());
+            println!("Ctrl-C tears it down.");
+            loop {
+                std::thread::park();
+            }
+        }
+        Cmd::Clean { all } => {
+            for ns in wsx_lab::clean(all)? {
+                println!("removed {ns}");
+            }
+            Ok(())
+        }
+        Cmd::Stats { socket } => {
+            println!("{}", serde_json::to_string_pretty(&EmulatorHandle::new(socket).stats()?)?);
+            Ok(())
+        }
+        Cmd::Set { socket, direction, params } => {
+            let params: LinkParams = serde_json::from_str(&params).context("parsing the link parameters")?;
+            EmulatorHandle::new(socket).set(direction, params)
+        }
+        Cmd::Emulate { a, b, control, config } => {
+            let config: EmulatorConfig = serde_json::from_str(&config).context("parsing --config")?;
+            emulator::bridge::run(&a, &b, &control, config)
+        }
+        Cmd::Send { to, flows, bytes, seconds, cc, payload, seed, json } => {
+            let options = SendOptions {
+                to,
+                flows,
+                bytes,
+                seconds,
+                congestion: cc,
+                payload,
+                seed,
+                receipt_timeout: Duration::from_secs(300),
+            };
+            let report = traffic::send(&options)?;
+            write_report(&json, &report)?;
+            if !report.verified() {
+                anyhow::bail!("transfer not verified: {:?}", report.flows.iter().find_map(|f| f.error.as_ref()));
+            }
+            Ok(())
+        }
+        Cmd::Sink { listen, flows, idle_timeout_s, json } => {
+            let listener = TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
+            println!("ready {}", listener.local_addr()?);
+            std::io::stdout().flush()?;
+            let options = SinkOptions { flows, idle_timeout: Duration::from_secs(idle_timeout_s) };
+            let report = traffic::sink(&listener, options)?;
+            write_report(&json, &report)?;
+            if !report.verified() {
+                anyhow::bail!("transfer not verified: {:?}", report.flows.iter().find_map(|f| f.error.as_ref()));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn write_report(path: &str, report: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string(report)?;
+    if path == "-" {
+        println!("{text}");
+    } else {
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {path}"))?;
+    }
+    Ok(())
+}

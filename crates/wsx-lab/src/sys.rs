@@ -1,0 +1,360 @@
+//! Every raw syscall the lab makes, in one place: packet sockets, batched send and receive,
+//! precise waiting, namespaces and resource usage. Everything else in the crate is safe code.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+/// Nanoseconds on `CLOCK_MONOTONIC`. The clock is shared by all network namespaces of the host,
+/// so timestamps taken by the lab's endpoint processes can be compared with each other.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path` (`/run/netns/NAME`).
+/// Only this thread changes namespace; sockets it creates afterwards live in that namespace.
+pub(crate) fn enter_netns(path: &Path) -> io::Result<()> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: the descriptor is open for the duration of the call.
+    check(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    Ok(())
+}
+
+/// Asks the kernel to kill this process when the thread that spawned it exits, so that an
+/// emulator or endpoint never outlives the lab that started it. Call from `pre_exec`.
+pub(crate) fn die_with_parent() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and no pointers.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) })?;
+    Ok(())
+}
+
+/// Lowers the timer slack of the calling thread to 1 ns so that waits end on time.
+pub(crate) fn precise_timers() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_TIMERSLACK takes an integer and no pointers.
+    check(unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) })?;
+    Ok(())
+}
+
+/// CPU time and peak memory of this process, all threads included.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    /// User CPU seconds.
+    pub user_s: f64,
+    /// System CPU seconds.
+    pub sys_s: f64,
+    /// Peak resident set size in KiB.
+    pub max_rss_kb: u64,
+}
+
+/// Resource usage of the calling process.
+pub fn process_usage() -> Usage {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    Usage {
+        user_s: secs(ru.ru_utime),
+        sys_s: secs(ru.ru_stime),
+        max_rss_kb: ru.ru_maxrss as u64,
+    }
+}
+
+/// An `AF_PACKET` raw socket bound to one interface: it sees every frame the interface
+/// receives (not those it sends) and transmits whole Ethernet frames.
+#[derive(Debug)]
+pub(crate) struct PacketSocket {
+    fd: OwnedFd,
+}
+
+impl PacketSocket {
+    pub(crate) fn bind(ifname: &str, buffer_bytes: usize) -> io::Result<Self> {
+        let name = CString::new(ifname).map_err(|_| io::Error::other("interface name has NUL"))?;
+        // SAFETY: `name` is a valid C string.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if ifindex == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no interface {ifname}"),
+            ));
+        }
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket(2) call.
+        let raw = check(unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                proto as libc::c_int,
+            )
+        })?;
+        // SAFETY: `raw` is a fresh descriptor that we own.
+        let sock = Self { fd: unsafe { OwnedFd::from_raw_fd(raw) } };
+        sock.set_int(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
+        // Root may exceed rmem_max/wmem_max; large buffers absorb bursts while we sleep.
+        let size = buffer_bytes.min(i32::MAX as usize) as libc::c_int;
+        sock.set_int(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size)?;
+        sock.set_int(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, size)?;
+        // SAFETY: sockaddr_ll is plain data.
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = ifindex as i32;
+        // SAFETY: `addr` is a valid sockaddr_ll of the length we pass.
+        check(unsafe {
+            libc::bind(
+                raw,
+                &addr as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        })?;
+        Ok(sock)
+    }
+
+    fn set_int(&self, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+        // SAFETY: `value` lives across the call and its size is passed.
+        check(unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                level,
+                name,
+                &value as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Frames the kernel dropped because this socket's receive buffer was full, since the last
+    /// call (the kernel resets the counter when read).
+    pub(crate) fn take_kernel_drops(&self) -> io::Result<u64> {
+        let mut stats = libc::tpacket_stats { tp_packets: 0, tp_drops: 0 };
+        let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: `stats` is writable and `len` holds its size.
+        check(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                &mut stats as *mut libc::tpacket_stats as *mut libc::c_void,
+                &mut len,
+            )
+        })?;
+        Ok(u64::from(stats.tp_drops))
+    }
+}
+
+impl AsRawFd for PacketSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Reusable `mmsghdr`/`iovec` arrays for `recvmmsg` and `sendmmsg`, so that batched I/O
+/// allocates nothing per call.
+pub(crate) struct MsgBatch {
+    headers: Vec<libc::mmsghdr>,
+    iovecs: Vec<libc::iovec>,
+}
+
+// SAFETY: the raw pointers inside are only scratch space refilled before every syscall.
+unsafe impl Send for MsgBatch {}
+
+impl std::fmt::Debug for MsgBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MsgBatch").field("capacity", &self.headers.len()).finish()
+    }
+}
+
+impl MsgBatch {
+    pub(crate) fn new(capacity: usize) -> Self {
+        // SAFETY: mmsghdr and iovec are plain data; null pointers are valid "empty" values.
+        let header: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        let iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
+        Self { headers: vec![header; capacity], iovecs: vec![iov; capacity] }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.headers.len()
+    }
+
+    fn prepare(&mut self, bufs: &mut dyn Iterator<Item = (*mut u8, usize)>) -> usize {
+        let mut n = 0;
+        for (ptr, len) in bufs.take(self.headers.len()) {
+            self.iovecs[n] = libc::iovec { iov_base: ptr.cast(), iov_len: len };
+            // SAFETY: mmsghdr is plain data.
+            self.headers[n] = unsafe { std::mem::zeroed() };
+            self.headers[n].msg_hdr.msg_iov = &mut self.iovecs[n];
+            self.headers[n].msg_hdr.msg_iovlen = 1;
+            n += 1;
+        }
+        n
+    }
+
+    /// Receives up to one frame into each buffer without blocking. Returns, per filled buffer in
+    /// order, the frame length and whether it was truncated. `Ok(0)` when nothing is waiting.
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` must point to `len` writable bytes that stay valid during the call.
+    pub(crate) unsafe fn recv(
+        &mut self,
+        sock: &PacketSocket,
+        bufs: &mut dyn Iterator<Item = (*mut u8, usize)>,
+        out: &mut Vec<(usize, bool)>,
+    ) -> io::Result<usize> {
+        out.clear();
+        let n = self.prepare(bufs);
+        // SAFETY: headers[..n] point at iovecs[..n], which point at caller-guaranteed buffers.
+        let got = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                self.headers.as_mut_ptr(),
+                n as u32,
+                libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            let err = io::Error::last_os_error();
+            return match err.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(err),
+            };
+        }
+        for header in &self.headers[..got as usize] {
+            let truncated = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            out.push((header.msg_len as usize, truncated));
+        }
+        Ok(got as usize)
+    }
+
+    /// Sends one frame per buffer. Returns how many the kernel took; a frame it refuses
+    /// (buffer full) ends the batch early.
+    ///
+    /// # Safety
+    /// Every `(ptr, len)` must point to `len` readable bytes that stay valid during the call.
+    pub(crate) unsafe fn send(
+        &mut self,
+        sock: &PacketSocket,
+        bufs: &mut dyn Iterator<Item = (*mut u8, usize)>,
+    ) -> io::Result<usize> {
+        let n = self.prepare(bufs);
+        let mut sent = 0;
+        while sent < n {
+            // SAFETY: headers[sent..n] point at caller-guaranteed buffers.
+            let got = unsafe {
+                libc::sendmmsg(
+                    sock.as_raw_fd(),
+                    self.headers[sent..].as_mut_ptr(),
+                    (n - sent) as u32,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if got < 0 {
+                let err = io::Error::last_os_error();
+                return match err.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => Ok(sent),
+                    _ if err.raw_os_error() == Some(libc::ENOBUFS) => Ok(sent),
+                    _ => Err(err),
+                };
+            }
+            sent += got as usize;
+        }
+        Ok(sent)
+    }
+}
+
+/// An eventfd used to wake the emulator's loop from its control thread.
+#[derive(Debug)]
+pub(crate) struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: plain eventfd(2) call.
+        let raw = check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+        // SAFETY: `raw` is a fresh descriptor that we own.
+        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(raw) } })
+    }
+
+    pub(crate) fn notify(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64. A full counter only means a wake is pending.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    pub(crate) fn drain(&self) {
+        let mut value: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64; EAGAIN when nothing is pending is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut value as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Waits until one of `fds` is readable or `timeout_ns` passes (`None`: forever), with
+/// nanosecond resolution. Marks each readable descriptor in `ready`.
+pub(crate) fn wait_readable(fds: &[RawFd], timeout_ns: Option<u64>, ready: &mut [bool]) -> io::Result<()> {
+    let mut pollfds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 4];
+    assert!(fds.len() <= pollfds.len(), "wait_readable takes at most four descriptors");
+    for (pfd, &fd) in pollfds.iter_mut().zip(fds) {
+        *pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    }
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: pollfds[..len] are initialised; `ts_ptr` is null or points at a live timespec.
+    let ret = unsafe { libc::ppoll(pollfds.as_mut_ptr(), fds.len() as libc::nfds_t, ts_ptr, std::ptr::null()) };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    for (flag, pfd) in ready.iter_mut().zip(&pollfds[..fds.len()]) {
+        *flag = pfd.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0;
+    }
+    Ok(())
+}
+
+/// Sets the TCP congestion control algorithm of a socket (`TCP_CONGESTION`), then reads back
+/// the algorithm the kernel actually uses.
+pub fn set_tcp_congestion(fd: RawFd, algorithm: &str) -> io::Result<String> {
+    // SAFETY: the pointer and length describe `algorithm`'s bytes.
+    check(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            algorithm.as_ptr().cast(),
+            algorithm.len() as u32,
+        )
+    })?;
+    let mut name = [0u8; 16];
+    let mut len = name.len() as libc::socklen_t;
+    // SAFETY: `name` is writable and `len` holds its size.
+    check(unsafe {
+        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_mut_ptr().cast(), &mut len)
+    })?;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
