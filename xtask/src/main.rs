@@ -1,1 +1,59 @@
-fn main() {}
+//! Development tasks for wsx, run as `cargo xtask <task>`:
+//!
+//! - `demo`: the main job on the built-in lab: plain TCP (and, once the gateways exist, wsx)
+//!   across a 100 ms, 1 % loss, 100 Mbit/s WAN, side by side.
+//! - `bench`: single benchmark cases and matrices on the lab, as JSON Lines, a markdown table
+//!   and SVG plots under `target/bench/`.
+//! - `test`: the whole test suite (unit, simulation, property, and end-to-end in network
+//!   namespaces), installing the Debian packages it needs.
+
+mod bench;
+mod chart;
+mod demo;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "cargo xtask", about = "wsx development tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand, Debug)]
+enum Task {
+    /// Plain TCP (and wsx, once it exists) across the default lab WAN, side by side.
+    Demo(demo::DemoArgs),
+    /// Run benchmark cases on the lab.
+    Bench(bench::BenchArgs),
+    /// Run the whole test suite (needs root).
+    Test(test::TestArgs),
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Demo(args) => demo::run(&args),
+        Task::Bench(args) => bench::run(&args),
+        Task::Test(args) => test::run(&args),
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Builds the lab's binary in release mode and returns its path.
+fn build_lab_binary() -> Result<std::path::PathBuf> {
+    let root = workspace_root();
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--quiet", "--release", "-p", "wsx-lab"])
+            .current_dir(&root)
+            .status()?;
+    anyhow::ensure!(status.success(), "building wsx-lab failed");
+    Ok(root.join("target/release/wsx-lab"))
+}

@@ -11,7 +11,11 @@ use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
 use wsx_lab::{Lab, Node, WanSpec};
 
 #[derive(Parser, Debug)]
-#[command(name = "wsx-lab", version, about = "The wsx lab: namespaces, WAN emulator, verified traffic")]
+#[command(
+    name = "wsx-lab",
+    version,
+    about = "The wsx lab: namespaces, WAN emulator, verified traffic"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -111,13 +115,30 @@ fn main() -> Result<()> {
         Cmd::Up { wan } => {
             wsx_lab::install_signal_cleanup()?;
             let lab = Lab::start(&wan.emulator_config())?;
-            println!("lab {} is up ({} ms RTT, {} % loss, {} Mbit/s)", lab.name(), wan.rtt_ms, wan.loss_pct, wan.rate_mbit);
+            println!(
+                "lab {} is up ({} ms RTT, {} % loss, {} Mbit/s)",
+                lab.name(),
+                wan.rtt_ms,
+                wan.loss_pct,
+                wan.rate_mbit
+            );
             for node in Node::ALL {
                 println!("  {:<7} ip netns exec {} ...", node.role(), lab.netns(node));
             }
-            println!("  client {} / {}", wsx_lab::addr::CLIENT_V4, wsx_lab::addr::CLIENT_V6);
-            println!("  server {} / {}", wsx_lab::addr::SERVER_V4, wsx_lab::addr::SERVER_V6);
-            println!("  emulator: wsx-lab stats --socket {}", lab.emulator().socket().display());
+            println!(
+                "  client {} / {}",
+                wsx_lab::addr::CLIENT_V4,
+                wsx_lab::addr::CLIENT_V6
+            );
+            println!(
+                "  server {} / {}",
+                wsx_lab::addr::SERVER_V4,
+                wsx_lab::addr::SERVER_V6
+            );
+            println!(
+                "  emulator: wsx-lab stats --socket {}",
+                lab.emulator().socket().display()
+            );
             println!("Ctrl-C tears it down.");
             loop {
                 std::thread::park();
@@ -130,18 +151,41 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Stats { socket } => {
-            println!("{}", serde_json::to_string_pretty(&EmulatorHandle::new(socket).stats()?)?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&EmulatorHandle::new(socket).stats()?)?
+            );
             Ok(())
         }
-        Cmd::Set { socket, direction, params } => {
-            let params: LinkParams = serde_json::from_str(&params).context("parsing the link parameters")?;
+        Cmd::Set {
+            socket,
+            direction,
+            params,
+        } => {
+            let params: LinkParams =
+                serde_json::from_str(&params).context("parsing the link parameters")?;
             EmulatorHandle::new(socket).set(direction, params)
         }
-        Cmd::Emulate { a, b, control, config } => {
-            let config: EmulatorConfig = serde_json::from_str(&config).context("parsing --config")?;
+        Cmd::Emulate {
+            a,
+            b,
+            control,
+            config,
+        } => {
+            let config: EmulatorConfig =
+                serde_json::from_str(&config).context("parsing --config")?;
             emulator::bridge::run(&a, &b, &control, config)
         }
-        Cmd::Send { to, flows, bytes, seconds, cc, payload, seed, json } => {
+        Cmd::Send {
+            to,
+            flows,
+            bytes,
+            seconds,
+            cc,
+            payload,
+            seed,
+            json,
+        } => {
             let options = SendOptions {
                 to,
                 flows,
@@ -155,19 +199,34 @@ fn main() -> Result<()> {
             let report = traffic::send(&options)?;
             write_report(&json, &report)?;
             if !report.verified() {
-                anyhow::bail!("transfer not verified: {:?}", report.flows.iter().find_map(|f| f.error.as_ref()));
+                anyhow::bail!(
+                    "transfer not verified: {:?}",
+                    report.flows.iter().find_map(|f| f.error.as_ref())
+                );
             }
             Ok(())
         }
-        Cmd::Sink { listen, flows, idle_timeout_s, json } => {
-            let listener = TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
+        Cmd::Sink {
+            listen,
+            flows,
+            idle_timeout_s,
+            json,
+        } => {
+            let listener =
+                TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
             println!("ready {}", listener.local_addr()?);
             std::io::stdout().flush()?;
-            let options = SinkOptions { flows, idle_timeout: Duration::from_secs(idle_timeout_s) };
+            let options = SinkOptions {
+                flows,
+                idle_timeout: Duration::from_secs(idle_timeout_s),
+            };
             let report = traffic::sink(&listener, options)?;
             write_report(&json, &report)?;
             if !report.verified() {
-                anyhow::bail!("transfer not verified: {:?}", report.flows.iter().find_map(|f| f.error.as_ref()));
+                anyhow::bail!(
+                    "transfer not verified: {:?}",
+                    report.flows.iter().find_map(|f| f.error.as_ref())
+                );
             }
             Ok(())
         }

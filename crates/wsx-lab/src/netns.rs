@@ -16,8 +16,12 @@ pub fn path(name: &str) -> PathBuf {
 
 /// Names of all named network namespaces on the host.
 pub fn list() -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(NETNS_DIR) else { return Vec::new() };
-    entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
+    let Ok(entries) = std::fs::read_dir(NETNS_DIR) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect()
 }
 
 /// Runs `ip` with a batch of commands (one per line), inside namespace `netns` if given.
@@ -26,9 +30,18 @@ pub fn ip_batch(netns: Option<&str>, commands: &str) -> Result<()> {
     if let Some(ns) = netns {
         cmd.args(["-n", ns]);
     }
-    cmd.args(["-batch", "-"]).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().context("running `ip` (is iproute2 installed?)")?;
-    child.stdin.take().context("ip stdin")?.write_all(commands.as_bytes())?;
+    cmd.args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .context("running `ip` (is iproute2 installed?)")?;
+    child
+        .stdin
+        .take()
+        .context("ip stdin")?
+        .write_all(commands.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!(
@@ -69,7 +82,8 @@ pub fn run_in<T: Send + 'static>(netns: &str, f: impl FnOnce() -> T + Send + 'st
     std::thread::Builder::new()
         .name(format!("in-{netns}"))
         .spawn(move || -> Result<T> {
-            crate::sys::enter_netns(&ns_path).with_context(|| format!("entering {}", ns_path.display()))?;
+            crate::sys::enter_netns(&ns_path)
+                .with_context(|| format!("entering {}", ns_path.display()))?;
             Ok(f())
         })?
         .join()
@@ -89,9 +103,14 @@ pub fn delete(name: &str) -> Result<()> {
             }
         }
     }
-    let out = Command::new("ip").args(["netns", "delete", name]).output()?;
+    let out = Command::new("ip")
+        .args(["netns", "delete", name])
+        .output()?;
     if !out.status.success() && path(name).exists() {
-        bail!("deleting netns {name}: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "deleting netns {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }

@@ -9,7 +9,10 @@ use std::path::Path;
 /// Nanoseconds on `CLOCK_MONOTONIC`. The clock is shared by all network namespaces of the host,
 /// so timestamps taken by the lab's endpoint processes can be compared with each other.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -100,7 +103,9 @@ impl PacketSocket {
             )
         })?;
         // SAFETY: `raw` is a fresh descriptor that we own.
-        let sock = Self { fd: unsafe { OwnedFd::from_raw_fd(raw) } };
+        let sock = Self {
+            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+        };
         sock.set_int(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
         // Root may exceed rmem_max/wmem_max; large buffers absorb bursts while we sleep.
         let size = buffer_bytes.min(i32::MAX as usize) as libc::c_int;
@@ -139,7 +144,10 @@ impl PacketSocket {
     /// Frames the kernel dropped because this socket's receive buffer was full, since the last
     /// call (the kernel resets the counter when read).
     pub(crate) fn take_kernel_drops(&self) -> io::Result<u64> {
-        let mut stats = libc::tpacket_stats { tp_packets: 0, tp_drops: 0 };
+        let mut stats = libc::tpacket_stats {
+            tp_packets: 0,
+            tp_drops: 0,
+        };
         let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
         // SAFETY: `stats` is writable and `len` holds its size.
         check(unsafe {
@@ -173,7 +181,9 @@ unsafe impl Send for MsgBatch {}
 
 impl std::fmt::Debug for MsgBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MsgBatch").field("capacity", &self.headers.len()).finish()
+        f.debug_struct("MsgBatch")
+            .field("capacity", &self.headers.len())
+            .finish()
     }
 }
 
@@ -181,8 +191,14 @@ impl MsgBatch {
     pub(crate) fn new(capacity: usize) -> Self {
         // SAFETY: mmsghdr and iovec are plain data; null pointers are valid "empty" values.
         let header: libc::mmsghdr = unsafe { std::mem::zeroed() };
-        let iov = libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 };
-        Self { headers: vec![header; capacity], iovecs: vec![iov; capacity] }
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        Self {
+            headers: vec![header; capacity],
+            iovecs: vec![iov; capacity],
+        }
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -192,7 +208,10 @@ impl MsgBatch {
     fn prepare(&mut self, bufs: &mut dyn Iterator<Item = (*mut u8, usize)>) -> usize {
         let mut n = 0;
         for (ptr, len) in bufs.take(self.headers.len()) {
-            self.iovecs[n] = libc::iovec { iov_base: ptr.cast(), iov_len: len };
+            self.iovecs[n] = libc::iovec {
+                iov_base: ptr.cast(),
+                iov_len: len,
+            };
             // SAFETY: mmsghdr is plain data.
             self.headers[n] = unsafe { std::mem::zeroed() };
             self.headers[n].msg_hdr.msg_iov = &mut self.iovecs[n];
@@ -287,7 +306,9 @@ impl EventFd {
         // SAFETY: plain eventfd(2) call.
         let raw = check(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
         // SAFETY: `raw` is a fresh descriptor that we own.
-        Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(raw) } })
+        Ok(Self {
+            fd: unsafe { OwnedFd::from_raw_fd(raw) },
+        })
     }
 
     pub(crate) fn notify(&self) {
@@ -311,19 +332,43 @@ impl AsRawFd for EventFd {
 
 /// Waits until one of `fds` is readable or `timeout_ns` passes (`None`: forever), with
 /// nanosecond resolution. Marks each readable descriptor in `ready`.
-pub(crate) fn wait_readable(fds: &[RawFd], timeout_ns: Option<u64>, ready: &mut [bool]) -> io::Result<()> {
-    let mut pollfds = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 4];
-    assert!(fds.len() <= pollfds.len(), "wait_readable takes at most four descriptors");
+pub(crate) fn wait_readable(
+    fds: &[RawFd],
+    timeout_ns: Option<u64>,
+    ready: &mut [bool],
+) -> io::Result<()> {
+    let mut pollfds = [libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    }; 4];
+    assert!(
+        fds.len() <= pollfds.len(),
+        "wait_readable takes at most four descriptors"
+    );
     for (pfd, &fd) in pollfds.iter_mut().zip(fds) {
-        *pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        *pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
     }
     let ts = timeout_ns.map(|ns| libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
     });
-    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: pollfds[..len] are initialised; `ts_ptr` is null or points at a live timespec.
-    let ret = unsafe { libc::ppoll(pollfds.as_mut_ptr(), fds.len() as libc::nfds_t, ts_ptr, std::ptr::null()) };
+    let ret = unsafe {
+        libc::ppoll(
+            pollfds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            ts_ptr,
+            std::ptr::null(),
+        )
+    };
     if ret < 0 {
         let err = io::Error::last_os_error();
         if err.kind() != io::ErrorKind::Interrupted {
@@ -353,7 +398,13 @@ pub fn set_tcp_congestion(fd: RawFd, algorithm: &str) -> io::Result<String> {
     let mut len = name.len() as libc::socklen_t;
     // SAFETY: `name` is writable and `len` holds its size.
     check(unsafe {
-        libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_mut_ptr().cast(), &mut len)
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_mut_ptr().cast(),
+            &mut len,
+        )
     })?;
     let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     Ok(String::from_utf8_lossy(&name[..end]).into_owned())

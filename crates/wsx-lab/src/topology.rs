@@ -95,12 +95,20 @@ pub mod addr {
 
     /// The server's address in the given family.
     pub fn server(ipv6: bool) -> IpAddr {
-        if ipv6 { SERVER_V6.into() } else { SERVER_V4.into() }
+        if ipv6 {
+            SERVER_V6.into()
+        } else {
+            SERVER_V4.into()
+        }
     }
 
     /// The client's address in the given family.
     pub fn client(ipv6: bool) -> IpAddr {
-        if ipv6 { CLIENT_V6.into() } else { CLIENT_V4.into() }
+        if ipv6 {
+            CLIENT_V6.into()
+        } else {
+            CLIENT_V4.into()
+        }
     }
 }
 
@@ -126,15 +134,35 @@ impl Lab {
     /// Builds the topology and starts the emulator with `config`. On any error everything
     /// created so far is removed.
     pub fn start(config: &EmulatorConfig) -> Result<Lab> {
-        config.a_to_b.validate().map_err(anyhow::Error::msg).context("a_to_b")?;
-        config.b_to_a.validate().map_err(anyhow::Error::msg).context("b_to_a")?;
+        config
+            .a_to_b
+            .validate()
+            .map_err(anyhow::Error::msg)
+            .context("a_to_b")?;
+        config
+            .b_to_a
+            .validate()
+            .map_err(anyhow::Error::msg)
+            .context("b_to_a")?;
         check_prerequisites()?;
-        let name = format!("{PREFIX}{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        ACTIVE.lock().map_err(|_| anyhow::anyhow!("lab registry poisoned"))?.push(name.clone());
+        let name = format!(
+            "{PREFIX}{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        ACTIVE
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lab registry poisoned"))?
+            .push(name.clone());
         let run_dir = Path::new(RUN_DIR).join(&name);
         let built = build(&name, &run_dir, config);
         match built {
-            Ok((emulator, handle)) => Ok(Lab { name, emulator, handle, run_dir }),
+            Ok((emulator, handle)) => Ok(Lab {
+                name,
+                emulator,
+                handle,
+                run_dir,
+            }),
             Err(e) => {
                 let _ = remove(&name);
                 Err(e.context(format!("building lab {name}")))
@@ -156,14 +184,20 @@ impl Lab {
     /// spawns it.
     pub fn command(&self, node: Node, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec"]).arg(self.netns(node)).arg(program);
+        cmd.args(["netns", "exec"])
+            .arg(self.netns(node))
+            .arg(program);
         // SAFETY: prctl is async-signal-safe, as pre_exec requires.
         unsafe { cmd.pre_exec(|| crate::sys::die_with_parent()) };
         cmd
     }
 
     /// Runs `f` on a thread inside `node`'s namespace (see [`netns::run_in`]).
-    pub fn run_in<T: Send + 'static>(&self, node: Node, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    pub fn run_in<T: Send + 'static>(
+        &self,
+        node: Node,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T> {
         netns::run_in(&self.netns(node), f)
     }
 
@@ -210,8 +244,13 @@ fn check_prerequisites() -> Result<()> {
 
 fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, EmulatorHandle)> {
     let ns = |node| netns_name(name, node);
-    let (client, gwa, wan, gwb, server) =
-        (ns(Node::Client), ns(Node::GwA), ns(Node::Wan), ns(Node::GwB), ns(Node::Server));
+    let (client, gwa, wan, gwb, server) = (
+        ns(Node::Client),
+        ns(Node::GwA),
+        ns(Node::Wan),
+        ns(Node::GwB),
+        ns(Node::Server),
+    );
 
     let mut host = String::new();
     for node in Node::ALL {
@@ -220,7 +259,10 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
     netns::ip_batch(None, &host)?;
 
     // Sysctls before the links exist, so new interfaces inherit the defaults.
-    let no_dad = ["net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0"];
+    let no_dad = [
+        "net.ipv6.conf.default.accept_dad=0",
+        "net.ipv6.conf.all.accept_dad=0",
+    ];
     // Room for a 400 ms x 1 Gbit/s window; autotuning grows buffers up to these maxima.
     let tcp = [
         "net.ipv4.tcp_rmem=4096 131072 134217728",
@@ -229,7 +271,10 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
     ];
     let forward = ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"];
     // The wan namespace has no IP presence: the emulator is a bridge.
-    let silent = ["net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.all.disable_ipv6=1"];
+    let silent = [
+        "net.ipv6.conf.default.disable_ipv6=1",
+        "net.ipv6.conf.all.disable_ipv6=1",
+    ];
     for (netns, keys) in [
         (&client, [&no_dad[..], &tcp[..]].concat()),
         (&gwa, [&no_dad[..], &tcp[..], &forward[..]].concat()),
@@ -280,7 +325,10 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
             v6(addr::GWB_WAN_V6)
         ),
     )?;
-    netns::ip_batch(Some(&wan), "link set lo up\nlink set a0 promisc on up\nlink set b0 promisc on up\n")?;
+    netns::ip_batch(
+        Some(&wan),
+        "link set lo up\nlink set a0 promisc on up\nlink set b0 promisc on up\n",
+    )?;
     netns::ip_batch(
         Some(&gwb),
         &format!(
@@ -313,7 +361,13 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
     // link: the gateways' WAN interfaces segment and checksum in software before sending, and
     // the emulator's interfaces neither coalesce nor defer checksums.
     for (netns, dev) in [(&gwa, "wan0"), (&wan, "a0"), (&wan, "b0"), (&gwb, "wan0")] {
-        netns::exec(netns, "ethtool", &["-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off"])?;
+        netns::exec(
+            netns,
+            "ethtool",
+            &[
+                "-K", dev, "tx", "off", "tso", "off", "gso", "off", "gro", "off",
+            ],
+        )?;
     }
 
     std::fs::create_dir_all(run_dir)?;
@@ -329,7 +383,9 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
         .stdin(Stdio::null());
     // SAFETY: prctl is async-signal-safe, as pre_exec requires.
     unsafe { cmd.pre_exec(|| crate::sys::die_with_parent()) };
-    let mut emulator = cmd.spawn().with_context(|| format!("starting {}", binary.display()))?;
+    let mut emulator = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
     let handle = EmulatorHandle::new(&socket);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -341,7 +397,10 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
         }
         if Instant::now() > deadline {
             let _ = emulator.kill();
-            bail!("the emulator did not answer on {} within 10 s", socket.display());
+            bail!(
+                "the emulator did not answer on {} within 10 s",
+                socket.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -366,10 +425,16 @@ fn remove(name: &str) -> Result<()> {
 /// returns the namespaces removed.
 pub fn clean(all: bool) -> Result<Vec<String>> {
     let mut removed = Vec::new();
-    let mut names: Vec<String> = netns::list().into_iter().filter(|n| n.starts_with(PREFIX)).collect();
+    let mut names: Vec<String> = netns::list()
+        .into_iter()
+        .filter(|n| n.starts_with(PREFIX))
+        .collect();
     names.sort();
     for ns in names {
-        let owner = ns[PREFIX.len()..].split('-').next().and_then(|pid| pid.parse::<u32>().ok());
+        let owner = ns[PREFIX.len()..]
+            .split('-')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok());
         let owner_alive = owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
         if all || !owner_alive {
             netns::delete(&ns)?;
@@ -379,7 +444,9 @@ pub fn clean(all: bool) -> Result<Vec<String>> {
     if let Ok(dirs) = std::fs::read_dir(RUN_DIR) {
         for dir in dirs.flatten() {
             let name = dir.file_name().to_string_lossy().into_owned();
-            let owner = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()?.parse::<u32>().ok());
+            let owner = name
+                .strip_prefix(PREFIX)
+                .and_then(|r| r.split('-').next()?.parse::<u32>().ok());
             if all || !owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
                 let _ = std::fs::remove_dir_all(dir.path());
             }

@@ -77,7 +77,10 @@ impl WanSpec {
             LossDirection::Forward => 0.0,
         };
         EmulatorConfig {
-            b_to_a: LinkParams { loss_pct: reverse_loss, ..one_way.clone() },
+            b_to_a: LinkParams {
+                loss_pct: reverse_loss,
+                ..one_way.clone()
+            },
             a_to_b: one_way,
             seed: self.seed,
         }
@@ -90,12 +93,24 @@ mod tests {
 
     #[test]
     fn rtt_splits_evenly_and_loss_direction_is_honoured() {
-        let spec = WanSpec { rtt_ms: 100.0, loss_pct: 1.0, loss_dir: LossDirection::Forward, ..Default::default() };
+        let spec = WanSpec {
+            rtt_ms: 100.0,
+            loss_pct: 1.0,
+            loss_dir: LossDirection::Forward,
+            ..Default::default()
+        };
         let c = spec.emulator_config();
         assert_eq!(c.a_to_b.delay_us + c.b_to_a.delay_us, 100_000);
         assert_eq!((c.a_to_b.loss_pct, c.b_to_a.loss_pct), (1.0, 0.0));
         assert_eq!(c.a_to_b.rate_kbit, 100_000);
         assert_eq!(spec.queue_ms(), 100.0);
-        assert_eq!(WanSpec { rtt_ms: 2.0, ..spec }.queue_ms(), 10.0);
+        assert_eq!(
+            WanSpec {
+                rtt_ms: 2.0,
+                ..spec
+            }
+            .queue_ms(),
+            10.0
+        );
     }
 }

@@ -43,12 +43,22 @@ const ETHERNET_HEADER: usize = 14;
 
 /// Runs the emulator until the process is killed.
 pub fn run(a_iface: &str, b_iface: &str, control: &Path, config: EmulatorConfig) -> Result<()> {
-    config.a_to_b.validate().map_err(anyhow::Error::msg).context("a_to_b")?;
-    config.b_to_a.validate().map_err(anyhow::Error::msg).context("b_to_a")?;
+    config
+        .a_to_b
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("a_to_b")?;
+    config
+        .b_to_a
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("b_to_a")?;
     sys::precise_timers().context("setting timer slack")?;
     let sockets = [
-        PacketSocket::bind(a_iface, SOCKET_BUFFER).with_context(|| format!("packet socket on {a_iface}"))?,
-        PacketSocket::bind(b_iface, SOCKET_BUFFER).with_context(|| format!("packet socket on {b_iface}"))?,
+        PacketSocket::bind(a_iface, SOCKET_BUFFER)
+            .with_context(|| format!("packet socket on {a_iface}"))?,
+        PacketSocket::bind(b_iface, SOCKET_BUFFER)
+            .with_context(|| format!("packet socket on {b_iface}"))?,
     ];
     let shared = Arc::new(Shared {
         counters: [Counters::default(), Counters::default()],
@@ -58,7 +68,8 @@ pub fn run(a_iface: &str, b_iface: &str, control: &Path, config: EmulatorConfig)
     });
     let (changes_tx, changes) = mpsc::channel();
     let _ = std::fs::remove_file(control);
-    let listener = UnixListener::bind(control).with_context(|| format!("binding {}", control.display()))?;
+    let listener =
+        UnixListener::bind(control).with_context(|| format!("binding {}", control.display()))?;
     let control_shared = Arc::clone(&shared);
     std::thread::Builder::new()
         .name("control".into())
@@ -67,7 +78,10 @@ pub fn run(a_iface: &str, b_iface: &str, control: &Path, config: EmulatorConfig)
     let mut forwarder = Forwarder {
         links: [
             Link::new(config.a_to_b, config.seed),
-            Link::new(config.b_to_a, config.seed.wrapping_add(0x9e37_79b9_7f4a_7c15)),
+            Link::new(
+                config.b_to_a,
+                config.seed.wrapping_add(0x9e37_79b9_7f4a_7c15),
+            ),
         ],
         heaps: [BinaryHeap::new(), BinaryHeap::new()],
         pool: Pool::default(),
@@ -105,8 +119,16 @@ struct Forwarder {
 }
 
 impl Forwarder {
-    fn run(&mut self, sockets: &[PacketSocket; 2], changes: &mpsc::Receiver<(Direction, super::LinkParams)>) -> Result<()> {
-        let fds = [sockets[0].as_raw_fd(), sockets[1].as_raw_fd(), self.shared.wake.as_raw_fd()];
+    fn run(
+        &mut self,
+        sockets: &[PacketSocket; 2],
+        changes: &mpsc::Receiver<(Direction, super::LinkParams)>,
+    ) -> Result<()> {
+        let fds = [
+            sockets[0].as_raw_fd(),
+            sockets[1].as_raw_fd(),
+            self.shared.wake.as_raw_fd(),
+        ];
         let mut ready = [true, true, false];
         let mut next_kernel_check = 0;
         loop {
@@ -134,11 +156,19 @@ impl Forwarder {
                     self.shared.counters[dir].add(Counter::EmulatorFaults, dropped);
                 }
             }
-            let next = self.heaps.iter().filter_map(|h| h.peek().map(|Reverse(e)| e.0)).min();
+            let next = self
+                .heaps
+                .iter()
+                .filter_map(|h| h.peek().map(|Reverse(e)| e.0))
+                .min();
             let now = sys::monotonic_ns();
             let timeout = next.map(|at| at.saturating_sub(now));
             // The kernel-drop check needs a turn now and then, even when idle.
-            let timeout = Some(timeout.unwrap_or(KERNEL_DROPS_EVERY_NS).min(KERNEL_DROPS_EVERY_NS));
+            let timeout = Some(
+                timeout
+                    .unwrap_or(KERNEL_DROPS_EVERY_NS)
+                    .min(KERNEL_DROPS_EVERY_NS),
+            );
             if timeout != Some(0) {
                 sys::wait_readable(&fds, timeout, &mut ready).context("ppoll")?;
             } else {
@@ -158,7 +188,9 @@ impl Forwarder {
                     None => break,
                 }
             }
-            self.shared.buffers.store(self.pool.allocated() as u64, Ordering::Relaxed);
+            self.shared
+                .buffers
+                .store(self.pool.allocated() as u64, Ordering::Relaxed);
             if self.rx_slots.is_empty() {
                 // Pool exhausted: leave frames in the socket; the kernel drops and counts them.
                 return Ok(());
@@ -190,7 +222,11 @@ impl Forwarder {
                         counters.add(counter, 1);
                         self.pool.give_back(slot);
                     }
-                    Verdict::Deliver { at_ns, duplicate, reordered } => {
+                    Verdict::Deliver {
+                        at_ns,
+                        duplicate,
+                        reordered,
+                    } => {
                         counters.add(Counter::Reordered, u64::from(reordered));
                         self.hold(dir, at_ns, slot, len);
                         if duplicate {
@@ -241,7 +277,11 @@ impl Forwarder {
                 return Ok(());
             }
             let pool = &mut self.pool;
-            let mut bufs = self.tx_slots.iter().zip(lens).map(|(&s, len)| (pool.ptr(s), len));
+            let mut bufs = self
+                .tx_slots
+                .iter()
+                .zip(lens)
+                .map(|(&s, len)| (pool.ptr(s), len));
             // SAFETY: each slot is a live pool buffer holding `len` bytes of a received frame.
             let sent = unsafe { self.batch.send(out, &mut bufs)? };
             for (i, &slot) in self.tx_slots.iter().enumerate() {
@@ -305,11 +345,16 @@ impl Pool {
     }
 }
 
-fn serve_control(listener: UnixListener, shared: &Shared, changes: &mpsc::Sender<(Direction, super::LinkParams)>) {
+fn serve_control(
+    listener: UnixListener,
+    shared: &Shared,
+    changes: &mpsc::Sender<(Direction, super::LinkParams)>,
+) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        let answer = answer_one(&stream, shared, changes)
-            .unwrap_or_else(|e| Response::Error { message: format!("{e:#}") });
+        let answer = answer_one(&stream, shared, changes).unwrap_or_else(|e| Response::Error {
+            message: format!("{e:#}"),
+        });
         if let Ok(mut line) = serde_json::to_string(&answer) {
             line.push('\n');
             let _ = (&stream).write_all(line.as_bytes());
@@ -337,16 +382,31 @@ fn answer_one(
                 buffers: shared.buffers.load(Ordering::Relaxed),
             })
         }
-        Request::Config => Response::Config(shared.config.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone()),
+        Request::Config => Response::Config(
+            shared
+                .config
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .clone(),
+        ),
         Request::Set { direction, params } => {
             if let Err(message) = params.validate() {
                 return Ok(Response::Error { message });
             }
-            let mut config = shared.config.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+            let mut config = shared
+                .config
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?;
             for &dir in directions(direction) {
-                *(if dir == 0 { &mut config.a_to_b } else { &mut config.b_to_a }) = params.clone();
+                *(if dir == 0 {
+                    &mut config.a_to_b
+                } else {
+                    &mut config.b_to_a
+                }) = params.clone();
             }
-            changes.send((direction, params)).context("forwarder has stopped")?;
+            changes
+                .send((direction, params))
+                .context("forwarder has stopped")?;
             shared.wake.notify();
             Response::Done
         }

@@ -39,7 +39,10 @@ pub struct EmulatorConfig {
 pub(crate) enum Request {
     Stats,
     Config,
-    Set { direction: Direction, params: LinkParams },
+    Set {
+        direction: Direction,
+        params: LinkParams,
+    },
 }
 
 /// An answer on the control socket.
@@ -61,7 +64,9 @@ pub struct EmulatorHandle {
 impl EmulatorHandle {
     /// A handle on the emulator listening at `socket`.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { socket: socket.into() }
+        Self {
+            socket: socket.into(),
+        }
     }
 
     /// The control socket's path.
@@ -101,7 +106,10 @@ impl EmulatorHandle {
         line.push('\n');
         stream.write_all(line.as_bytes())?;
         let mut answer = String::new();
-        BufReader::new(stream).read_line(&mut answer).context("reading the emulator's answer")?;
-        serde_json::from_str(&answer).with_context(|| format!("bad answer from the emulator: {answer:?}"))
+        BufReader::new(stream)
+            .read_line(&mut answer)
+            .context("reading the emulator's answer")?;
+        serde_json::from_str(&answer)
+            .with_context(|| format!("bad answer from the emulator: {answer:?}"))
     }
 }

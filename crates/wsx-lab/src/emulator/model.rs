@@ -46,7 +46,11 @@ impl Chance {
     fn percent(pct: f64) -> Self {
         let p = (pct / 100.0).clamp(0.0, 1.0);
         // 2^64 * p, saturating at "always".
-        Chance(if p >= 1.0 { u64::MAX } else { (p * 18_446_744_073_709_551_616.0) as u64 })
+        Chance(if p >= 1.0 {
+            u64::MAX
+        } else {
+            (p * 18_446_744_073_709_551_616.0) as u64
+        })
     }
 
     fn hit(self, rng: &mut fastrand::Rng) -> bool {
@@ -129,7 +133,11 @@ impl Link {
             if flip.hit(&mut self.rng) {
                 self.in_bad_state = !self.in_bad_state;
             }
-            let loss = if self.in_bad_state { loss_bad } else { loss_good };
+            let loss = if self.in_bad_state {
+                loss_bad
+            } else {
+                loss_good
+            };
             if loss.hit(&mut self.rng) {
                 return Verdict::Drop(DropReason::Burst);
             }
@@ -165,7 +173,11 @@ impl Link {
             self.last_departure_ns = departure;
         }
         let duplicate = self.duplicate.hit(&mut self.rng);
-        Verdict::Deliver { at_ns: departure, duplicate, reordered }
+        Verdict::Deliver {
+            at_ns: departure,
+            duplicate,
+            reordered,
+        }
     }
 }
 
@@ -195,9 +207,15 @@ mod tests {
     #[test]
     fn bottleneck_serialises_back_to_back_packets_at_the_rate() {
         // 12 Mbit/s: a 1500-byte packet takes exactly 1 ms.
-        let params = LinkParams { rate_kbit: 12_000, queue: QueueLimit::Bytes(1_000_000), ..Default::default() };
+        let params = LinkParams {
+            rate_kbit: 12_000,
+            queue: QueueLimit::Bytes(1_000_000),
+            ..Default::default()
+        };
         let mut link = Link::new(params, 1);
-        let departures: Vec<u64> = (0..10).map(|_| deliver_at(link.handle_packet(0, 1500))).collect();
+        let departures: Vec<u64> = (0..10)
+            .map(|_| deliver_at(link.handle_packet(0, 1500)))
+            .collect();
         assert_eq!(departures, (1..=10).map(|i| i * MS).collect::<Vec<_>>());
         // After the queue drains, a packet is serialised from its own arrival.
         assert_eq!(deliver_at(link.handle_packet(20 * MS, 1500)), 21 * MS);
@@ -205,15 +223,32 @@ mod tests {
 
     #[test]
     fn queue_drops_exactly_beyond_its_depth() {
-        let params = LinkParams { rate_kbit: 10_000, queue: QueueLimit::Bytes(30_000), ..Default::default() };
+        let params = LinkParams {
+            rate_kbit: 10_000,
+            queue: QueueLimit::Bytes(30_000),
+            ..Default::default()
+        };
         let mut link = Link::new(params, 1);
         let verdicts: Vec<Verdict> = (0..100).map(|_| link.handle_packet(0, 1500)).collect();
-        let accepted = verdicts.iter().filter(|v| matches!(v, Verdict::Deliver { .. })).count();
+        let accepted = verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Deliver { .. }))
+            .count();
         assert_eq!(accepted, 20);
-        assert!(verdicts[20..].iter().all(|v| *v == Verdict::Drop(DropReason::Queue)));
+        assert!(
+            verdicts[20..]
+                .iter()
+                .all(|v| *v == Verdict::Drop(DropReason::Queue))
+        );
         // The queue drains at the rate: 1.2 ms later one more packet fits.
-        assert!(matches!(link.handle_packet(1_200_000, 1500), Verdict::Deliver { .. }));
-        assert_eq!(link.handle_packet(1_200_000, 1500), Verdict::Drop(DropReason::Queue));
+        assert!(matches!(
+            link.handle_packet(1_200_000, 1500),
+            Verdict::Deliver { .. }
+        ));
+        assert_eq!(
+            link.handle_packet(1_200_000, 1500),
+            Verdict::Drop(DropReason::Queue)
+        );
     }
 
     #[test]
@@ -224,17 +259,36 @@ mod tests {
 
     #[test]
     fn random_loss_rate_is_within_the_binomial_interval() {
-        let mut link = Link::new(LinkParams { loss_pct: 1.0, ..Default::default() }, 7);
+        let mut link = Link::new(
+            LinkParams {
+                loss_pct: 1.0,
+                ..Default::default()
+            },
+            7,
+        );
         let n = 1_000_000u64;
-        let lost = (0..n).filter(|i| matches!(link.handle_packet(*i, 100), Verdict::Drop(_))).count() as f64;
+        let lost = (0..n)
+            .filter(|i| matches!(link.handle_packet(*i, 100), Verdict::Drop(_)))
+            .count() as f64;
         // mean 10,000, sd 99.5; 99.9 % two-sided interval is ±3.29 sd.
         assert!((lost - 10_000.0).abs() < 3.29 * 99.5, "lost {lost}");
     }
 
     #[test]
     fn gilbert_elliott_loses_in_bursts_of_the_configured_mean_length() {
-        let ge = GilbertElliott { p_pct: 1.0, r_pct: 25.0, loss_good_pct: 0.0, loss_bad_pct: 100.0 };
-        let mut link = Link::new(LinkParams { burst: Some(ge), ..Default::default() }, 11);
+        let ge = GilbertElliott {
+            p_pct: 1.0,
+            r_pct: 25.0,
+            loss_good_pct: 0.0,
+            loss_bad_pct: 100.0,
+        };
+        let mut link = Link::new(
+            LinkParams {
+                burst: Some(ge),
+                ..Default::default()
+            },
+            11,
+        );
         let (mut bursts, mut lost, mut in_burst) = (0u64, 0u64, false);
         for i in 0..1_000_000 {
             let dropped = link.handle_packet(i, 100) == Verdict::Drop(DropReason::Burst);
@@ -245,15 +299,25 @@ mod tests {
         let mean_burst = lost as f64 / bursts as f64;
         // Mean sojourn in Bad is 1/r = 4 packets; stationary loss p/(p+r) = 1/26.
         assert!((mean_burst - 4.0).abs() < 0.2, "mean burst {mean_burst}");
-        assert!((lost as f64 / 1e6 - 1.0 / 26.0).abs() < 0.003, "loss {lost}");
+        assert!(
+            (lost as f64 / 1e6 - 1.0 / 26.0).abs() < 0.003,
+            "loss {lost}"
+        );
     }
 
     #[test]
     fn rate_change_applies_to_later_packets() {
-        let params = LinkParams { rate_kbit: 12_000, queue: QueueLimit::Bytes(1_000_000), ..Default::default() };
+        let params = LinkParams {
+            rate_kbit: 12_000,
+            queue: QueueLimit::Bytes(1_000_000),
+            ..Default::default()
+        };
         let mut link = Link::new(params.clone(), 1);
         assert_eq!(deliver_at(link.handle_packet(0, 1500)), MS);
-        link.set_params(LinkParams { rate_kbit: 24_000, ..params });
+        link.set_params(LinkParams {
+            rate_kbit: 24_000,
+            ..params
+        });
         assert_eq!(deliver_at(link.handle_packet(0, 1500)), MS + MS / 2);
     }
 

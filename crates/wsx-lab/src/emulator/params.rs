@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 /// the way WAN circuits are sold: a 100 Mbit/s link carries 100 Mbit/s of IP packets.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-#[non_exhaustive]
 pub struct LinkParams {
     /// One-way propagation delay in microseconds.
     pub delay_us: u64,
@@ -34,7 +33,10 @@ pub struct LinkParams {
 impl LinkParams {
     /// A link with this one-way delay and nothing else.
     pub fn with_delay_ms(delay_ms: f64) -> Self {
-        Self { delay_us: (delay_ms * 1000.0).round() as u64, ..Self::default() }
+        Self {
+            delay_us: (delay_ms * 1000.0).round() as u64,
+            ..Self::default()
+        }
     }
 
     /// Checks that every percentage is within 0-100 and that burst parameters are sane.

@@ -10,8 +10,8 @@
 //! measures time to first byte and per-flow rates in 100 ms buckets from the sender's origin.
 
 mod payload;
-mod sink;
 mod send;
+mod sink;
 
 pub use payload::{Payload, PayloadKind};
 pub use send::{SendOptions, SendReport, SentFlow, send};
@@ -59,7 +59,8 @@ impl Header {
         }
         let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
         Ok(Header {
-            kind: PayloadKind::from_code(b[5]).ok_or_else(|| format!("unknown payload kind {}", b[5]))?,
+            kind: PayloadKind::from_code(b[5])
+                .ok_or_else(|| format!("unknown payload kind {}", b[5]))?,
             flow: u16::from_be_bytes([b[6], b[7]]),
             seed: u64_at(8),
             origin_ns: u64_at(16),
@@ -88,7 +89,10 @@ impl Receipt {
         if b[0..4] != MAGIC_RECEIPT {
             return Err("malformed receipt".into());
         }
-        Ok(Receipt { verified: b[4] == 1, bytes: u64::from_be_bytes(b[8..16].try_into().unwrap_or([0; 8])) })
+        Ok(Receipt {
+            verified: b[4] == 1,
+            bytes: u64::from_be_bytes(b[8..16].try_into().unwrap_or([0; 8])),
+        })
     }
 }
 
@@ -98,16 +102,32 @@ mod tests {
 
     #[test]
     fn header_and_receipt_round_trip() {
-        let h = Header { kind: PayloadKind::Text, flow: 9, seed: 77, origin_ns: 123, total_bytes: 1 << 40 };
+        let h = Header {
+            kind: PayloadKind::Text,
+            flow: 9,
+            seed: 77,
+            origin_ns: 123,
+            total_bytes: 1 << 40,
+        };
         assert_eq!(Header::parse(&h.emit()), Ok(h));
-        let r = Receipt { verified: true, bytes: 5 };
+        let r = Receipt {
+            verified: true,
+            bytes: 5,
+        };
         assert_eq!(Receipt::parse(&r.emit()), Ok(r));
     }
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert!(Header::parse(&[0xff; HEADER_LEN]).is_err());
-        let mut h = Header { kind: PayloadKind::Random, flow: 0, seed: 0, origin_ns: 0, total_bytes: 0 }.emit();
+        let mut h = Header {
+            kind: PayloadKind::Random,
+            flow: 0,
+            seed: 0,
+            origin_ns: 0,
+            total_bytes: 0,
+        }
+        .emit();
         h[5] = 9;
         assert!(Header::parse(&h).is_err());
         assert!(Receipt::parse(&[0; RECEIPT_LEN]).is_err());

@@ -67,7 +67,8 @@ impl Payload {
                 }
                 at += whole;
                 if at < buf.len() {
-                    self.pending.extend_from_slice(&self.rng.u64(..).to_le_bytes());
+                    self.pending
+                        .extend_from_slice(&self.rng.u64(..).to_le_bytes());
                     self.drain_pending(&mut buf[at..]);
                 }
             }
@@ -97,7 +98,8 @@ impl Payload {
         self.words_in_sentence += 1;
         if self.words_in_sentence >= 6 && self.rng.u8(..) < 40 {
             self.words_in_sentence = 0;
-            self.pending.extend_from_slice(if self.rng.bool() { b".\n" } else { b". " });
+            self.pending
+                .extend_from_slice(if self.rng.bool() { b".\n" } else { b". " });
         } else {
             self.pending.push(b' ');
         }
@@ -106,18 +108,125 @@ impl Payload {
 
 /// The text mode's words: common English and networking vocabulary.
 const VOCABULARY: &[&str] = &[
-    "the", "of", "and", "to", "a", "in", "is", "it", "that", "for", "on", "was", "with", "as",
-    "be", "at", "by", "this", "from", "or", "an", "are", "not", "but", "which", "have", "has",
-    "were", "their", "all", "one", "when", "there", "can", "more", "been", "other", "its", "into",
-    "than", "time", "only", "some", "two", "may", "then", "first", "any", "over", "such", "each",
-    "after", "most", "also", "made", "between", "under", "network", "packet", "server", "client",
-    "gateway", "tunnel", "stream", "window", "latency", "bandwidth", "router", "link", "queue",
-    "loss", "delay", "frame", "header", "payload", "session", "protocol", "address", "route",
-    "traffic", "buffer", "segment", "transfer", "request", "response", "connection", "interface",
-    "report", "quarterly", "revenue", "customer", "account", "invoice", "shipment", "warehouse",
-    "schedule", "meeting", "project", "document", "contract", "department", "manager", "office",
-    "budget", "forecast", "inventory", "supplier", "order", "delivery", "payment", "balance",
-    "record", "system", "process", "service", "support", "update", "review", "approval",
+    "the",
+    "of",
+    "and",
+    "to",
+    "a",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "was",
+    "with",
+    "as",
+    "be",
+    "at",
+    "by",
+    "this",
+    "from",
+    "or",
+    "an",
+    "are",
+    "not",
+    "but",
+    "which",
+    "have",
+    "has",
+    "were",
+    "their",
+    "all",
+    "one",
+    "when",
+    "there",
+    "can",
+    "more",
+    "been",
+    "other",
+    "its",
+    "into",
+    "than",
+    "time",
+    "only",
+    "some",
+    "two",
+    "may",
+    "then",
+    "first",
+    "any",
+    "over",
+    "such",
+    "each",
+    "after",
+    "most",
+    "also",
+    "made",
+    "between",
+    "under",
+    "network",
+    "packet",
+    "server",
+    "client",
+    "gateway",
+    "tunnel",
+    "stream",
+    "window",
+    "latency",
+    "bandwidth",
+    "router",
+    "link",
+    "queue",
+    "loss",
+    "delay",
+    "frame",
+    "header",
+    "payload",
+    "session",
+    "protocol",
+    "address",
+    "route",
+    "traffic",
+    "buffer",
+    "segment",
+    "transfer",
+    "request",
+    "response",
+    "connection",
+    "interface",
+    "report",
+    "quarterly",
+    "revenue",
+    "customer",
+    "account",
+    "invoice",
+    "shipment",
+    "warehouse",
+    "schedule",
+    "meeting",
+    "project",
+    "document",
+    "contract",
+    "department",
+    "manager",
+    "office",
+    "budget",
+    "forecast",
+    "inventory",
+    "supplier",
+    "order",
+    "delivery",
+    "payment",
+    "balance",
+    "record",
+    "system",
+    "process",
+    "service",
+    "support",
+    "update",
+    "review",
+    "approval",
 ];
 
 #[cfg(test)]
@@ -160,7 +269,10 @@ mod tests {
     #[test]
     fn text_is_printable_and_compressible() {
         let text = generate(PayloadKind::Text, &[100_000]);
-        assert!(text.iter().all(|&c| c.is_ascii_graphic() || c == b' ' || c == b'\n'));
+        assert!(
+            text.iter()
+                .all(|&c| c.is_ascii_graphic() || c == b' ' || c == b'\n')
+        );
         // Only the vocabulary and separators occur, so the byte distribution is skewed: far
         // fewer than 256 distinct bytes.
         let distinct = text.iter().collect::<std::collections::HashSet<_>>().len();

@@ -95,7 +95,12 @@ pub fn send(options: &SendOptions) -> Result<SendReport> {
         })
         .collect();
     let usage = sys::process_usage();
-    Ok(SendReport { origin_ns, flows, cpu_user_s: usage.user_s, cpu_sys_s: usage.sys_s })
+    Ok(SendReport {
+        origin_ns,
+        flows,
+        cpu_user_s: usage.user_s,
+        cpu_sys_s: usage.sys_s,
+    })
 }
 
 fn send_flow(options: &SendOptions, flow: u16, origin_ns: u64) -> SentFlow {
@@ -113,7 +118,12 @@ fn send_flow(options: &SendOptions, flow: u16, origin_ns: u64) -> SentFlow {
     report
 }
 
-fn try_send_flow(options: &SendOptions, flow: u16, origin_ns: u64, report: &mut SentFlow) -> Result<()> {
+fn try_send_flow(
+    options: &SendOptions,
+    flow: u16,
+    origin_ns: u64,
+    report: &mut SentFlow,
+) -> Result<()> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(options.to),
         socket2::Type::STREAM,
@@ -125,7 +135,9 @@ fn try_send_flow(options: &SendOptions, flow: u16, origin_ns: u64, report: &mut 
         None => sys::set_tcp_congestion(socket.as_raw_fd(), "")
             .or_else(|_| Ok::<_, std::io::Error>(String::from("default")))?,
     };
-    socket.connect(&options.to.into()).with_context(|| format!("connecting to {}", options.to))?;
+    socket
+        .connect(&options.to.into())
+        .with_context(|| format!("connecting to {}", options.to))?;
     let mut stream: TcpStream = socket.into();
     let header = Header {
         kind: options.payload,
@@ -156,7 +168,9 @@ fn try_send_flow(options: &SendOptions, flow: u16, origin_ns: u64, report: &mut 
 
     stream.set_read_timeout(Some(options.receipt_timeout))?;
     let mut receipt = [0u8; RECEIPT_LEN];
-    stream.read_exact(&mut receipt).context("waiting for the sink's receipt")?;
+    stream
+        .read_exact(&mut receipt)
+        .context("waiting for the sink's receipt")?;
     let receipt = Receipt::parse(&receipt).map_err(anyhow::Error::msg)?;
     report.confirmed = receipt.bytes;
     report.verified = receipt.verified && receipt.bytes == report.bytes;
@@ -165,7 +179,11 @@ fn try_send_flow(options: &SendOptions, flow: u16, origin_ns: u64, report: &mut 
             "sink received {} of {} bytes, content {}",
             receipt.bytes,
             report.bytes,
-            if receipt.verified { "intact" } else { "corrupt" }
+            if receipt.verified {
+                "intact"
+            } else {
+                "corrupt"
+            }
         );
     }
     Ok(())

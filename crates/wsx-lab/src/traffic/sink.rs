@@ -63,18 +63,28 @@ pub fn sink(listener: &TcpListener, options: SinkOptions) -> Result<SinkReport> 
     let mut handles = Vec::new();
     for _ in 0..options.flows {
         let (stream, _) = listener.accept().context("accepting")?;
-        handles.push(std::thread::Builder::new().name("sink".into()).spawn(move || receive(stream, options))?);
+        handles.push(
+            std::thread::Builder::new()
+                .name("sink".into())
+                .spawn(move || receive(stream, options))?,
+        );
     }
     let mut flows: Vec<FlowReport> = handles
         .into_iter()
         .map(|h| {
-            h.join()
-                .unwrap_or_else(|_| FlowReport { error: Some("sink thread panicked".into()), ..Default::default() })
+            h.join().unwrap_or_else(|_| FlowReport {
+                error: Some("sink thread panicked".into()),
+                ..Default::default()
+            })
         })
         .collect();
     flows.sort_by_key(|f| f.flow);
     let usage = sys::process_usage();
-    Ok(SinkReport { flows, cpu_user_s: usage.user_s, cpu_sys_s: usage.sys_s })
+    Ok(SinkReport {
+        flows,
+        cpu_user_s: usage.user_s,
+        cpu_sys_s: usage.sys_s,
+    })
 }
 
 fn receive(mut stream: TcpStream, options: SinkOptions) -> FlowReport {
@@ -83,15 +93,24 @@ fn receive(mut stream: TcpStream, options: SinkOptions) -> FlowReport {
         Ok(()) => report.verified = true,
         Err(e) => report.error = Some(format!("{e:#}")),
     }
-    let receipt = Receipt { verified: report.verified, bytes: report.bytes };
+    let receipt = Receipt {
+        verified: report.verified,
+        bytes: report.bytes,
+    };
     let _ = stream.write_all(&receipt.emit());
     report
 }
 
-fn try_receive(stream: &mut TcpStream, options: SinkOptions, report: &mut FlowReport) -> Result<()> {
+fn try_receive(
+    stream: &mut TcpStream,
+    options: SinkOptions,
+    report: &mut FlowReport,
+) -> Result<()> {
     stream.set_read_timeout(Some(options.idle_timeout))?;
     let mut header = [0u8; HEADER_LEN];
-    stream.read_exact(&mut header).context("reading the stream header")?;
+    stream
+        .read_exact(&mut header)
+        .context("reading the stream header")?;
     let header = Header::parse(&header).map_err(anyhow::Error::msg)?;
     report.flow = header.flow;
     report.origin_ns = header.origin_ns;
@@ -113,8 +132,15 @@ fn try_receive(stream: &mut TcpStream, options: SinkOptions, report: &mut FlowRe
         report.last_byte_ns = now;
         expected_stream.fill(&mut expected[..n]);
         if buf[..n] != expected[..n] {
-            let at = buf[..n].iter().zip(&expected[..n]).position(|(a, b)| a != b).unwrap_or(0);
-            anyhow::bail!("byte {} differs from the expected stream", report.bytes + at as u64);
+            let at = buf[..n]
+                .iter()
+                .zip(&expected[..n])
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            anyhow::bail!(
+                "byte {} differs from the expected stream",
+                report.bytes + at as u64
+            );
         }
         report.bytes += n as u64;
         let bucket = (now.saturating_sub(header.origin_ns) / BUCKET_NS) as usize;
@@ -124,7 +150,11 @@ fn try_receive(stream: &mut TcpStream, options: SinkOptions, report: &mut FlowRe
         report.buckets[bucket] += n as u64;
     }
     if header.total_bytes != 0 && report.bytes != header.total_bytes {
-        anyhow::bail!("stream ended after {} of {} bytes", report.bytes, header.total_bytes);
+        anyhow::bail!(
+            "stream ended after {} of {} bytes",
+            report.bytes,
+            header.total_bytes
+        );
     }
     Ok(())
 }

@@ -1,0 +1,610 @@
+//! `cargo xtask bench`: benchmark cases on the lab.
+//!
+//! A case builds a fresh lab with the requested WAN, runs the verified sink in the server
+//! namespace and the sender in the client namespace (client → server is the data direction,
+//! a_to_b at the emulator), and records goodput, ramp-up, fairness, packet counts in each
+//! direction, emulator drops and CPU time per process group.
+
+use crate::chart::{Series, line_chart};
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use wsx_lab::traffic::{BUCKET_NS, PayloadKind, SendReport, SinkReport};
+use wsx_lab::{Lab, LossDirection, Node, WanSpec, addr};
+
+/// What carries the traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Mode {
+    /// Plain kernel TCP, CUBIC, end to end through the emulated WAN.
+    DirectCubic,
+    /// Plain kernel TCP, BBR, end to end through the emulated WAN.
+    DirectBbr,
+    /// Through the wsx gateways on gw-a and gw-b.
+    Wsx,
+}
+
+impl Mode {
+    fn congestion(self) -> Option<&'static str> {
+        match self {
+            Mode::DirectCubic => Some("cubic"),
+            Mode::DirectBbr => Some("bbr"),
+            Mode::Wsx => None,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::DirectCubic => "direct-cubic",
+            Mode::DirectBbr => "direct-bbr",
+            Mode::Wsx => "wsx",
+        }
+    }
+}
+
+/// Predefined matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Matrix {
+    /// RTT 10/50/100/200/400 ms × loss 0/0.1/1/5 % × 1 and 10 flows, at --rate-mbit.
+    Default,
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// What carries the traffic; repeat to compare [default: direct-cubic, and for a matrix
+    /// direct-cubic and direct-bbr].
+    #[arg(long, value_enum)]
+    mode: Vec<Mode>,
+    /// The emulated WAN of a single case (ignored by --matrix except --rate-mbit, --loss-dir,
+    /// --jitter-ms and --seed).
+    #[command(flatten)]
+    wan: WanSpec,
+    /// Parallel TCP connections.
+    #[arg(long, default_value_t = 1)]
+    flows: u16,
+    /// Seconds of sending per case.
+    #[arg(long, default_value_t = 20.0)]
+    seconds: f64,
+    /// Payload of the transfers.
+    #[arg(long, value_enum, default_value_t = PayloadKind::Random)]
+    payload: PayloadKind,
+    /// Run over IPv6 instead of IPv4.
+    #[arg(long)]
+    ipv6: bool,
+    /// Run a predefined matrix instead of a single case.
+    #[arg(long, value_enum)]
+    matrix: Option<Matrix>,
+    /// Also write the records (JSON Lines, one per case) here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One benchmark case.
+#[derive(Clone, Debug)]
+pub(crate) struct Case {
+    pub(crate) mode: Mode,
+    pub(crate) wan: WanSpec,
+    pub(crate) flows: u16,
+    pub(crate) seconds: f64,
+    pub(crate) payload: PayloadKind,
+    pub(crate) ipv6: bool,
+}
+
+/// The result of one case: one JSON record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) mode: Mode,
+    /// The congestion control the kernel reported for the sender's sockets.
+    pub(crate) cc: Option<String>,
+    pub(crate) ip: &'static str,
+    pub(crate) rtt_ms: f64,
+    pub(crate) loss_pct: f64,
+    pub(crate) loss_dir: LossDirection,
+    pub(crate) rate_mbit: f64,
+    pub(crate) queue_ms: f64,
+    pub(crate) flows: u16,
+    pub(crate) seconds: f64,
+    pub(crate) payload: PayloadKind,
+    /// Payload bytes delivered and verified.
+    pub(crate) bytes: u64,
+    /// From the sender's start to the last byte at the sink.
+    pub(crate) duration_s: f64,
+    pub(crate) goodput_mbit: f64,
+    /// Goodput over the bottleneck rate (which counts IP bytes, headers included).
+    pub(crate) utilization: f64,
+    /// First 100 ms bucket in which the flows together reached 90 % of the rate, at its end.
+    pub(crate) t90_ms: Option<u64>,
+    pub(crate) ttfb_ms: f64,
+    /// Jain's fairness index over the flows' byte counts (1.0: equal).
+    pub(crate) jain: f64,
+    /// Packets the emulator forwarded in the data direction (client → server).
+    pub(crate) fwd_pkts: u64,
+    /// Packets the emulator forwarded in the reverse direction (server → client).
+    pub(crate) rev_pkts: u64,
+    /// Reverse packets per forward packet.
+    pub(crate) rev_per_fwd: f64,
+    /// Packets the emulated link dropped, both directions (random + burst + queue).
+    pub(crate) emu_drops: u64,
+    pub(crate) emu_drops_fwd: DropBreakdown,
+    /// Packets the emulator itself failed to carry; non-zero invalidates the case.
+    pub(crate) emu_faults: u64,
+    pub(crate) cpu_s: CpuSeconds,
+    pub(crate) max_rss_kb: GatewayRss,
+    /// Every byte arrived intact and both ends agree on the counts.
+    pub(crate) verified: bool,
+    /// Aggregate goodput per 100 ms, Mbit/s.
+    pub(crate) series_mbit: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct DropBreakdown {
+    pub(crate) random: u64,
+    pub(crate) burst: u64,
+    pub(crate) queue: u64,
+}
+
+/// CPU seconds per process group; gateways are `None` when no gateway process runs (direct
+/// modes, where gw-a and gw-b only forward in the kernel).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct CpuSeconds {
+    pub(crate) emulator: f64,
+    pub(crate) gw_a: Option<f64>,
+    pub(crate) gw_b: Option<f64>,
+    pub(crate) endpoints: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct GatewayRss {
+    pub(crate) gw_a: Option<u64>,
+    pub(crate) gw_b: Option<u64>,
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    let cases = cases(args);
+    let binary = crate::build_lab_binary()?;
+    wsx_lab::install_signal_cleanup()?;
+    let out_dir = crate::workspace_root().join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+
+    let bar = ProgressBar::new(cases.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(500));
+    let mut records = Vec::new();
+    for case in &cases {
+        bar.set_message(case.describe());
+        let record =
+            run_case(case, &binary).with_context(|| format!("case {}", case.describe()))?;
+        bar.println(record.summary());
+        records.push(record);
+        bar.inc(1);
+        write_outputs(&records, &out_dir, args.json.as_deref())?;
+    }
+    bar.finish_and_clear();
+    println!("{}", markdown_table(&records));
+    println!("results: {}", out_dir.display());
+    if let Some(bad) = records.iter().find(|r| !r.verified) {
+        bail!("a transfer was not verified: {}", bad.summary());
+    }
+    Ok(())
+}
+
+fn cases(args: &BenchArgs) -> Vec<Case> {
+    let mut modes = args.mode.clone();
+    let base = Case {
+        mode: Mode::DirectCubic,
+        wan: args.wan.clone(),
+        flows: args.flows,
+        seconds: args.seconds,
+        payload: args.payload,
+        ipv6: args.ipv6,
+    };
+    match args.matrix {
+        None => {
+            if modes.is_empty() {
+                modes.push(Mode::DirectCubic);
+            }
+            modes
+                .into_iter()
+                .map(|mode| Case {
+                    mode,
+                    ..base.clone()
+                })
+                .collect()
+        }
+        Some(Matrix::Default) => {
+            if modes.is_empty() {
+                modes = vec![Mode::DirectCubic, Mode::DirectBbr];
+            }
+            let mut cases = Vec::new();
+            for &flows in &[1u16, 10] {
+                for &rtt_ms in &[10.0, 50.0, 100.0, 200.0, 400.0] {
+                    for &loss_pct in &[0.0, 0.1, 1.0, 5.0] {
+                        for &mode in &modes {
+                            let wan = WanSpec {
+                                rtt_ms,
+                                loss_pct,
+                                queue_ms: None,
+                                ..args.wan.clone()
+                            };
+                            cases.push(Case {
+                                mode,
+                                wan,
+                                flows,
+                                ..base.clone()
+                            });
+                        }
+                    }
+                }
+            }
+            cases
+        }
+    }
+}
+
+impl Case {
+    fn describe(&self) -> String {
+        format!(
+            "{} {} ms {} % {} Mbit/s {} flow(s) {} s{}",
+            self.mode.label(),
+            self.wan.rtt_ms,
+            self.wan.loss_pct,
+            self.wan.rate_mbit,
+            self.flows,
+            self.seconds,
+            if self.ipv6 { " IPv6" } else { "" }
+        )
+    }
+}
+
+/// Runs one case on a fresh lab.
+pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
+    if case.mode == Mode::Wsx {
+        bail!(
+            "mode wsx needs the wsx gateways on gw-a and gw-b, which are not implemented yet \
+             (the proxy and daemon issue); use direct-cubic or direct-bbr"
+        );
+    }
+    let lab = Lab::start(&case.wan.emulator_config())?;
+    let work = tempdir(&lab)?;
+    let sink_json = work.join("sink.json");
+    let send_json = work.join("send.json");
+    let target = SocketAddr::new(addr::server(case.ipv6), 5201);
+
+    let before = lab.emulator().stats()?;
+    let mut sink = lab
+        .command(Node::Server, binary)
+        .args([
+            "sink",
+            "--listen",
+            &target.to_string(),
+            "--flows",
+            &case.flows.to_string(),
+        ])
+        .arg("--json")
+        .arg(&sink_json)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the sink")?;
+    let mut ready = String::new();
+    BufReader::new(sink.stdout.take().context("sink stdout")?).read_line(&mut ready)?;
+    if !ready.starts_with("ready") {
+        let _ = sink.kill();
+        bail!("the sink did not start: {ready:?}");
+    }
+    let mut sender = lab.command(Node::Client, binary);
+    sender.args([
+        "send",
+        "--to",
+        &target.to_string(),
+        "--flows",
+        &case.flows.to_string(),
+        "--seconds",
+        &case.seconds.to_string(),
+        "--payload",
+        match case.payload {
+            PayloadKind::Random => "random",
+            PayloadKind::Text => "text",
+        },
+    ]);
+    if let Some(cc) = case.mode.congestion() {
+        sender.args(["--cc", cc]);
+    }
+    let send_status = sender
+        .arg("--json")
+        .arg(&send_json)
+        .stdout(Stdio::null())
+        .status()?;
+    let sink_status = sink.wait()?;
+    let after = lab.emulator().stats()?;
+    drop(lab);
+
+    let sent: SendReport = read_json(&send_json).context("the sender's report")?;
+    let received: SinkReport = read_json(&sink_json).context("the sink's report")?;
+    let _ = std::fs::remove_dir_all(&work);
+    if !send_status.success() || !sink_status.success() {
+        let error = sent
+            .flows
+            .iter()
+            .find_map(|f| f.error.clone())
+            .or_else(|| received.flows.iter().find_map(|f| f.error.clone()));
+        eprintln!("transfer failed: sender {send_status}, sink {sink_status}: {error:?}");
+    }
+
+    let fwd = after.a_to_b.since(&before.a_to_b);
+    let rev = after.b_to_a.since(&before.b_to_a);
+    let bytes: u64 = received.flows.iter().map(|f| f.bytes).sum();
+    let origin = sent.origin_ns;
+    let last = received
+        .flows
+        .iter()
+        .map(|f| f.last_byte_ns)
+        .max()
+        .unwrap_or(origin);
+    let duration_s = last.saturating_sub(origin) as f64 / 1e9;
+    let goodput_mbit = if duration_s > 0.0 {
+        bytes as f64 * 8.0 / duration_s / 1e6
+    } else {
+        0.0
+    };
+    let series = aggregate_series(&received);
+    let t90_ms = series
+        .iter()
+        .position(|&mbit| mbit >= 0.9 * case.wan.rate_mbit)
+        .map(|i| (i as u64 + 1) * BUCKET_NS / 1_000_000);
+    let ttfb_ms = received
+        .flows
+        .iter()
+        .filter(|f| f.bytes > 0)
+        .map(|f| f.first_byte_ns.saturating_sub(f.origin_ns) as f64 / 1e6)
+        .fold(f64::INFINITY, f64::min);
+    let per_flow: Vec<f64> = received.flows.iter().map(|f| f.bytes as f64).collect();
+    Ok(Record {
+        mode: case.mode,
+        cc: sent.flows.first().map(|f| f.congestion.clone()),
+        ip: if case.ipv6 { "ipv6" } else { "ipv4" },
+        rtt_ms: case.wan.rtt_ms,
+        loss_pct: case.wan.loss_pct,
+        loss_dir: case.wan.loss_dir,
+        rate_mbit: case.wan.rate_mbit,
+        queue_ms: case.wan.queue_ms(),
+        flows: case.flows,
+        seconds: case.seconds,
+        payload: case.payload,
+        bytes,
+        duration_s,
+        goodput_mbit,
+        utilization: goodput_mbit / case.wan.rate_mbit,
+        t90_ms,
+        ttfb_ms: if ttfb_ms.is_finite() { ttfb_ms } else { 0.0 },
+        jain: jain(&per_flow),
+        fwd_pkts: fwd.fwd_pkts,
+        rev_pkts: rev.fwd_pkts,
+        rev_per_fwd: if fwd.fwd_pkts > 0 {
+            rev.fwd_pkts as f64 / fwd.fwd_pkts as f64
+        } else {
+            0.0
+        },
+        emu_drops: fwd.emulated_drops() + rev.emulated_drops(),
+        emu_drops_fwd: DropBreakdown {
+            random: fwd.drop_random,
+            burst: fwd.drop_burst,
+            queue: fwd.drop_queue,
+        },
+        emu_faults: fwd.emulator_faults + rev.emulator_faults,
+        cpu_s: CpuSeconds {
+            emulator: after.cpu_s() - before.cpu_s(),
+            gw_a: None,
+            gw_b: None,
+            endpoints: sent.cpu_user_s + sent.cpu_sys_s + received.cpu_user_s + received.cpu_sys_s,
+        },
+        max_rss_kb: GatewayRss::default(),
+        verified: sent.verified()
+            && received.verified()
+            && send_status.success()
+            && sink_status.success(),
+        series_mbit: series,
+    })
+}
+
+fn tempdir(lab: &Lab) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("{}-bench", lab.name()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The flows' combined goodput in each 100 ms bucket, Mbit/s.
+fn aggregate_series(report: &SinkReport) -> Vec<f64> {
+    let len = report
+        .flows
+        .iter()
+        .map(|f| f.buckets.len())
+        .max()
+        .unwrap_or(0);
+    let mut total = vec![0u64; len];
+    for flow in &report.flows {
+        for (slot, bytes) in total.iter_mut().zip(&flow.buckets) {
+            *slot += bytes;
+        }
+    }
+    total
+        .iter()
+        .map(|&b| b as f64 * 8.0 / (BUCKET_NS as f64 / 1e9) / 1e6)
+        .collect()
+}
+
+/// Jain's fairness index: (Σx)² / (n Σx²).
+pub(crate) fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let squares: f64 = xs.iter().map(|x| x * x).sum();
+    if squares == 0.0 {
+        0.0
+    } else {
+        sum * sum / (xs.len() as f64 * squares)
+    }
+}
+
+impl Record {
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}",
+            self.mode.label(),
+            self.rtt_ms,
+            self.loss_pct,
+            self.flows,
+            self.goodput_mbit,
+            self.utilization * 100.0,
+            self.t90_ms.map_or("never".into(), |t| format!("{t} ms")),
+            self.rev_per_fwd,
+            self.cpu_s.emulator,
+            if self.verified { "" } else { "  NOT VERIFIED" }
+        )
+    }
+}
+
+pub(crate) fn markdown_table(records: &[Record]) -> String {
+    let mut s = String::from(
+        "| mode | cc | RTT ms | loss % | rate Mbit/s | flows | goodput Mbit/s | util % | t90 ms | Jain | rev/fwd pkts | emu drops | CPU s emu / endpoints | verified |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in records {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {} | {:.3} | {:.3} | {} | {:.2} / {:.2} | {} |",
+            r.mode.label(),
+            r.cc.as_deref().unwrap_or("-"),
+            r.rtt_ms,
+            r.loss_pct,
+            r.rate_mbit,
+            r.flows,
+            r.goodput_mbit,
+            r.utilization * 100.0,
+            r.t90_ms.map_or("-".into(), |t| t.to_string()),
+            r.jain,
+            r.rev_per_fwd,
+            r.emu_drops,
+            r.cpu_s.emulator,
+            r.cpu_s.endpoints,
+            if r.verified { "yes" } else { "**no**" }
+        );
+    }
+    s
+}
+
+fn write_outputs(records: &[Record], dir: &Path, json: Option<&Path>) -> Result<()> {
+    let mut lines = String::new();
+    for r in records {
+        lines += &serde_json::to_string(r)?;
+        lines.push('\n');
+    }
+    std::fs::write(dir.join("results.jsonl"), &lines)?;
+    if let Some(path) = json {
+        std::fs::write(path, &lines).with_context(|| format!("writing {}", path.display()))?;
+    }
+    std::fs::write(dir.join("results.md"), markdown_table(records))?;
+    write_charts(records, dir)
+}
+
+/// Goodput against RTT (at the lowest loss measured) and against loss (at 100 ms RTT, or the
+/// RTT measured closest to it), one series per mode and flow count, like the reference
+/// appliance's published figures.
+fn write_charts(records: &[Record], dir: &Path) -> Result<()> {
+    let mut rtts: Vec<f64> = records.iter().map(|r| r.rtt_ms).collect();
+    let mut losses: Vec<f64> = records.iter().map(|r| r.loss_pct).collect();
+    for v in [&mut rtts, &mut losses] {
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+    }
+    let (Some(&min_loss), Some(&rtt_ref)) = (
+        losses.first(),
+        rtts.iter()
+            .min_by(|a, b| (*a - 100.0).abs().total_cmp(&(*b - 100.0).abs())),
+    ) else {
+        return Ok(());
+    };
+    let mut groups: Vec<(Mode, u16)> = records.iter().map(|r| (r.mode, r.flows)).collect();
+    groups.sort_by_key(|&(m, f)| (m.label(), f));
+    groups.dedup();
+    let series = |x_values: &[f64], pick: &dyn Fn(&Record, f64) -> bool| -> Vec<Series> {
+        groups
+            .iter()
+            .map(|&(mode, flows)| Series {
+                name: format!("{} ×{}", mode.label(), flows),
+                values: x_values
+                    .iter()
+                    .map(|&x| {
+                        records
+                            .iter()
+                            .find(|r| r.mode == mode && r.flows == flows && pick(r, x))
+                            .map(|r| r.goodput_mbit)
+                    })
+                    .collect(),
+            })
+            .collect()
+    };
+    let rate = records.first().map_or(0.0, |r| r.rate_mbit);
+    let by_rtt = line_chart(
+        &format!("Goodput vs RTT ({min_loss} % loss, {rate} Mbit/s link)"),
+        "RTT (ms)",
+        "goodput (Mbit/s)",
+        &rtts.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+        &series(&rtts, &|r, x| r.rtt_ms == x && r.loss_pct == min_loss),
+    );
+    let by_loss = line_chart(
+        &format!("Goodput vs loss ({rtt_ref} ms RTT, {rate} Mbit/s link)"),
+        "random loss (%)",
+        "goodput (Mbit/s)",
+        &losses.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+        &series(&losses, &|r, x| r.loss_pct == x && r.rtt_ms == rtt_ref),
+    );
+    std::fs::write(dir.join("goodput_vs_rtt.svg"), by_rtt)?;
+    std::fs::write(dir.join("goodput_vs_loss.svg"), by_loss)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_index_is_one_for_equal_flows_and_one_over_n_for_a_single_hog() {
+        assert!((jain(&[5.0, 5.0, 5.0, 5.0]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[8.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        assert_eq!(jain(&[]), 0.0);
+    }
+
+    #[test]
+    fn default_matrix_covers_every_combination() {
+        let args = BenchArgs {
+            mode: vec![],
+            wan: WanSpec::default(),
+            flows: 1,
+            seconds: 1.0,
+            payload: PayloadKind::Random,
+            ipv6: false,
+            matrix: Some(Matrix::Default),
+            json: None,
+        };
+        let cases = cases(&args);
+        assert_eq!(cases.len(), 5 * 4 * 2 * 2);
+        assert!(
+            cases
+                .iter()
+                .any(|c| c.wan.rtt_ms == 400.0 && c.wan.loss_pct == 5.0 && c.flows == 10)
+        );
+    }
+}

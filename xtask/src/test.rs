@@ -1,0 +1,114 @@
+//! `cargo xtask test`: the whole test suite.
+//!
+//! The end-to-end tests build network namespaces, so this needs root; it says so and fails
+//! rather than skipping them. It installs the Debian packages the lab uses when they are
+//! missing, removes leftovers of killed runs first, and fails if the run leaks namespaces.
+
+use anyhow::{Context, Result, bail};
+use std::process::Command;
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct TestArgs {
+    /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+    #[arg(last = true)]
+    cargo_args: Vec<String>,
+}
+
+/// Programs the lab needs and the Debian packages that provide them.
+const REQUIRED: [(&str, &str); 4] = [
+    ("ip", "iproute2"),
+    ("ethtool", "ethtool"),
+    ("nft", "nftables"),
+    ("sysctl", "procps"),
+];
+
+pub(crate) fn run(args: &TestArgs) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "cargo xtask test runs end-to-end tests in network namespaces and needs root; \
+             run it as root (e.g. `sudo -E cargo xtask test`)"
+        );
+    }
+    install_missing_packages()?;
+    for ns in wsx_lab::clean(false)? {
+        println!("removed leftover namespace {ns}");
+    }
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = crate::workspace_root();
+    // The lab's tests run the wsx-lab binary inside namespaces: build it first.
+    let status = Command::new(&cargo)
+        .args(["build", "--workspace", "--bins"])
+        .current_dir(&root)
+        .status()?;
+    if !status.success() {
+        bail!("cargo build failed");
+    }
+    let status = Command::new(&cargo)
+        .args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
+        .args(&args.cargo_args)
+        .current_dir(&root)
+        .status()?;
+    let doc_status = Command::new(&cargo)
+        .args(["test", "--workspace", "--doc"])
+        .current_dir(&root)
+        .status()?;
+
+    let leaked: Vec<String> = wsx_lab::netns::list()
+        .into_iter()
+        .filter(|n| n.starts_with(wsx_lab::PREFIX))
+        .collect();
+    let removed = wsx_lab::clean(false)?;
+    if !status.success() || !doc_status.success() {
+        bail!("tests failed");
+    }
+    if !removed.is_empty() {
+        bail!(
+            "the test run leaked network namespaces (now removed): {}",
+            removed.join(", ")
+        );
+    }
+    if !leaked.is_empty() {
+        println!(
+            "note: namespaces of still-running labs (not this run's): {}",
+            leaked.join(", ")
+        );
+    }
+    println!("all tests passed; no namespaces leaked");
+    Ok(())
+}
+
+fn install_missing_packages() -> Result<()> {
+    let missing: Vec<&str> = REQUIRED
+        .iter()
+        .filter(|(tool, _)| !on_path(tool))
+        .map(|&(_, pkg)| pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let command = format!("apt-get update && apt-get install -y {}", missing.join(" "));
+    if !on_path("apt-get") {
+        bail!(
+            "missing packages and no apt-get to install them; install: {}",
+            missing.join(" ")
+        );
+    }
+    println!("installing {}", missing.join(" "));
+    let status = Command::new("sh")
+        .args(["-c", &format!("DEBIAN_FRONTEND=noninteractive {command}")])
+        .status()
+        .context("running apt-get")?;
+    if !status.success() {
+        bail!("installing packages failed; run: {command}");
+    }
+    Ok(())
+}
+
+fn on_path(tool: &str) -> bool {
+    let dirs = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&dirs)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .any(|d| d.join(tool).is_file())
+}
