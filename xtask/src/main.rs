@@ -4,12 +4,14 @@
 //!   across a 100 ms, 1 % loss, 100 Mbit/s WAN, side by side.
 //! - `bench`: single benchmark cases and matrices on the lab, as JSON Lines, a markdown table
 //!   and SVG plots under `target/bench/`.
+//! - `emulator-cost`: the WAN emulator's CPU use and highest sustained rate.
 //! - `test`: the whole test suite (unit, simulation, property, and end-to-end in network
 //!   namespaces), installing the Debian packages it needs.
 
 mod bench;
 mod chart;
 mod demo;
+mod emulator_cost;
 mod test;
 
 use anyhow::Result;
@@ -30,6 +32,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Run the whole test suite (needs root).
     Test(test::TestArgs),
+    /// Measure the WAN emulator's CPU cost and highest sustained rate.
+    EmulatorCost(emulator_cost::CostArgs),
 }
 
 fn main() -> Result<()> {
@@ -37,6 +41,7 @@ fn main() -> Result<()> {
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Test(args) => test::run(&args),
+        Task::EmulatorCost(args) => emulator_cost::run(&args),
     }
 }
 

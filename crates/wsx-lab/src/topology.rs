@@ -188,7 +188,7 @@ impl Lab {
             .arg(self.netns(node))
             .arg(program);
         // SAFETY: prctl is async-signal-safe, as pre_exec requires.
-        unsafe { cmd.pre_exec(|| crate::sys::die_with_parent()) };
+        unsafe { cmd.pre_exec(crate::sys::die_with_parent) };
         cmd
     }
 
@@ -382,7 +382,7 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
         .arg(serde_json::to_string(config)?)
         .stdin(Stdio::null());
     // SAFETY: prctl is async-signal-safe, as pre_exec requires.
-    unsafe { cmd.pre_exec(|| crate::sys::die_with_parent()) };
+    unsafe { cmd.pre_exec(crate::sys::die_with_parent) };
     let mut emulator = cmd
         .spawn()
         .with_context(|| format!("starting {}", binary.display()))?;

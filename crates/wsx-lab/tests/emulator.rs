@@ -2,6 +2,9 @@
 //! random loss, queue depth, jitter, reordering, duplication and run-time changes.
 //! Needs root (network namespaces); run with `cargo xtask test`.
 
+// Test code: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;

@@ -151,9 +151,8 @@ impl Forwarder {
             }
             if now >= next_kernel_check {
                 next_kernel_check = now + KERNEL_DROPS_EVERY_NS;
-                for dir in 0..2 {
-                    let dropped = sockets[dir].take_kernel_drops()?;
-                    self.shared.counters[dir].add(Counter::EmulatorFaults, dropped);
+                for (socket, counters) in sockets.iter().zip(&self.shared.counters) {
+                    counters.add(Counter::EmulatorFaults, socket.take_kernel_drops()?);
                 }
             }
             let next = self
@@ -204,7 +203,7 @@ impl Forwarder {
             for i in 0..n {
                 let slot = self.rx_slots[i];
                 let (len, truncated) = self.rx_result[i];
-                if truncated || len < ETHERNET_HEADER || len > SLOT_BYTES {
+                if truncated || !(ETHERNET_HEADER..=SLOT_BYTES).contains(&len) {
                     counters.add(Counter::EmulatorFaults, 1);
                     self.pool.give_back(slot);
                     continue;
@@ -311,6 +310,8 @@ fn directions(direction: Direction) -> &'static [usize] {
 /// Fixed-size frame buffers, allocated on demand up to [`MAX_SLOTS`] and reused.
 #[derive(Default)]
 struct Pool {
+    /// Boxed so that growing the pool moves pointers, never the 2 KiB frames themselves.
+    #[allow(clippy::vec_box)]
     slots: Vec<Box<[u8; SLOT_BYTES]>>,
     free: Vec<u32>,
 }

@@ -1,0 +1,198 @@
+//! The lab end to end: plain kernel TCP from client to server through gw-a, the emulated WAN
+//! and gw-b, over IPv4 and IPv6, every byte verified; and no namespace outlives its lab.
+//! Needs root; run with `cargo xtask test`.
+
+// Test code: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+use wsx_lab::emulator::LinkParams;
+use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
+use wsx_lab::{Lab, Node, WanSpec, addr};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Transfers `bytes` on each of `flows` connections from client to server and returns the
+/// verified byte count the sink saw.
+fn transfer(lab: &Lab, ipv6: bool, flows: u16, bytes: u64, payload: PayloadKind, cc: &str) -> u64 {
+    let listen = SocketAddr::new(addr::server(ipv6), 0);
+    let listener = lab
+        .run_in(Node::Server, move || TcpListener::bind(listen))
+        .unwrap()
+        .unwrap();
+    let target = listener.local_addr().unwrap();
+    let sink = std::thread::spawn(move || {
+        traffic::sink(
+            &listener,
+            SinkOptions {
+                flows,
+                idle_timeout: Duration::from_secs(30),
+            },
+        )
+        .unwrap()
+    });
+    let options = SendOptions {
+        to: target,
+        flows,
+        bytes: Some(bytes),
+        seconds: 0.0,
+        congestion: Some(cc.into()),
+        payload,
+        seed: 99,
+        receipt_timeout: Duration::from_secs(60),
+    };
+    let sent = lab
+        .run_in(Node::Client, move || traffic::send(&options))
+        .unwrap()
+        .unwrap();
+    let received = sink.join().unwrap();
+    assert!(sent.verified(), "sender: {:?}", sent.flows);
+    assert!(received.verified(), "sink: {:?}", received.flows);
+    assert!(
+        sent.flows.iter().all(|f| f.congestion == cc),
+        "congestion control {:?}",
+        sent.flows
+    );
+    received.flows.iter().map(|f| f.bytes).sum()
+}
+
+#[test]
+fn tcp_crosses_the_lab_verified_over_ipv4_and_ipv6() {
+    let _serial = serial();
+    let wan = WanSpec {
+        rtt_ms: 20.0,
+        loss_pct: 0.5,
+        rate_mbit: 100.0,
+        ..WanSpec::default()
+    };
+    let lab = Lab::start(&wan.emulator_config()).unwrap();
+    for ipv6 in [false, true] {
+        for (payload, cc) in [(PayloadKind::Random, "cubic"), (PayloadKind::Text, "bbr")] {
+            assert_eq!(transfer(&lab, ipv6, 3, 2_000_000, payload, cc), 6_000_000);
+        }
+    }
+    let stats = lab.emulator().stats().unwrap();
+    assert!(
+        stats.a_to_b.fwd_bytes > 4 * 6_000_000,
+        "the data crossed the emulator: {stats:?}"
+    );
+    assert!(
+        stats.a_to_b.drop_random > 0 && stats.b_to_a.drop_random > 0,
+        "loss in both directions"
+    );
+    assert_eq!(
+        stats.a_to_b.emulator_faults + stats.b_to_a.emulator_faults,
+        0,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn corruption_is_detected() {
+    // The sink compares against the expected stream: a sender with another seed fails.
+    let _serial = serial();
+    let lab = Lab::start(
+        &WanSpec {
+            rtt_ms: 2.0,
+            ..WanSpec::default()
+        }
+        .emulator_config(),
+    )
+    .unwrap();
+    let listen = SocketAddr::new(addr::server(false), 0);
+    let listener = lab
+        .run_in(Node::Server, move || TcpListener::bind(listen))
+        .unwrap()
+        .unwrap();
+    let target = listener.local_addr().unwrap();
+    let sink = std::thread::spawn(move || {
+        traffic::sink(
+            &listener,
+            SinkOptions {
+                flows: 1,
+                idle_timeout: Duration::from_secs(10),
+            },
+        )
+        .unwrap()
+    });
+    let client = lab
+        .run_in(Node::Client, move || std::net::TcpStream::connect(target))
+        .unwrap()
+        .unwrap();
+    // A valid header for seed 1, then bytes of another stream.
+    let mut header_source = traffic::Payload::new(PayloadKind::Random, 2, 0);
+    let mut wrong = vec![0u8; 10_000];
+    header_source.fill(&mut wrong);
+    let mut header = [0u8; 40];
+    header[..4].copy_from_slice(b"WSXT");
+    header[4] = 1;
+    header[8..16].copy_from_slice(&1u64.to_be_bytes());
+    use std::io::Write;
+    (&client).write_all(&header).unwrap();
+    (&client).write_all(&wrong).unwrap();
+    client.shutdown(std::net::Shutdown::Write).unwrap();
+    let report = sink.join().unwrap();
+    assert!(!report.verified());
+    assert!(
+        report.flows[0]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("differs"),
+        "{:?}",
+        report.flows
+    );
+}
+
+#[test]
+fn namespaces_do_not_outlive_their_lab_even_when_a_test_panics() {
+    let _serial = serial();
+    let mine = |name: &str| -> Vec<String> {
+        wsx_lab::netns::list()
+            .into_iter()
+            .filter(|n| n.starts_with(&format!("{name}-")))
+            .collect()
+    };
+    let lab = Lab::start(&Default::default()).unwrap();
+    let name = lab.name().to_string();
+    assert_eq!(mine(&name).len(), 5, "client, gw-a, wan, gw-b, server");
+    let emulator = lab.emulator_pid();
+    drop(lab);
+    assert!(mine(&name).is_empty());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{emulator}")).exists(),
+        "emulator killed"
+    );
+
+    let panicked = std::thread::spawn(|| {
+        let lab = Lab::start(&Default::default()).unwrap();
+        let name = lab.name().to_string();
+        std::fs::write(std::env::temp_dir().join("wsx-lab-panic-test"), &name).unwrap();
+        panic!("a failing test");
+    })
+    .join();
+    assert!(panicked.is_err());
+    let name = std::fs::read_to_string(std::env::temp_dir().join("wsx-lab-panic-test")).unwrap();
+    assert!(
+        mine(&name).is_empty(),
+        "namespaces of {name} leaked: {:?}",
+        mine(&name)
+    );
+}
+
+#[test]
+fn the_lab_refuses_invalid_parameters() {
+    let mut config = WanSpec::default().emulator_config();
+    config.a_to_b = LinkParams {
+        loss_pct: -1.0,
+        ..LinkParams::default()
+    };
+    let err = Lab::start(&config).unwrap_err();
+    assert!(format!("{err:#}").contains("loss_pct"), "{err:#}");
+}
