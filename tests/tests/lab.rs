@@ -7,6 +7,7 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Duration;
 use wsx_lab::emulator::LinkParams;
 use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
@@ -18,25 +19,29 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Transfers `bytes` on each of `flows` connections from client to server and returns the
-/// verified byte count the sink saw.
-fn transfer(lab: &Lab, ipv6: bool, flows: u16, bytes: u64, payload: PayloadKind, cc: &str) -> u64 {
+/// Starts a verifying sink for `flows` connections on the server; returns its address and the
+/// thread that will return its report.
+fn start_sink(lab: &Lab, ipv6: bool, flows: u16) -> (SocketAddr, JoinHandle<traffic::SinkReport>) {
     let listen = SocketAddr::new(addr::server(ipv6), 0);
     let listener = lab
         .run_in(Node::Server, move || TcpListener::bind(listen))
         .unwrap()
         .unwrap();
     let target = listener.local_addr().unwrap();
-    let sink = std::thread::spawn(move || {
-        traffic::sink(
-            &listener,
-            SinkOptions {
-                flows,
-                idle_timeout: Duration::from_secs(30),
-            },
-        )
-        .unwrap()
-    });
+    let options = SinkOptions {
+        flows,
+        idle_timeout: Duration::from_secs(30),
+    };
+    (
+        target,
+        std::thread::spawn(move || traffic::sink(&listener, options).unwrap()),
+    )
+}
+
+/// Transfers `bytes` on each of `flows` connections from client to server and returns the
+/// verified byte count the sink saw.
+fn transfer(lab: &Lab, ipv6: bool, flows: u16, bytes: u64, payload: PayloadKind, cc: &str) -> u64 {
+    let (target, sink) = start_sink(lab, ipv6, flows);
     let options = SendOptions {
         to: target,
         flows,
@@ -105,22 +110,7 @@ fn corruption_is_detected() {
         .emulator_config(),
     )
     .unwrap();
-    let listen = SocketAddr::new(addr::server(false), 0);
-    let listener = lab
-        .run_in(Node::Server, move || TcpListener::bind(listen))
-        .unwrap()
-        .unwrap();
-    let target = listener.local_addr().unwrap();
-    let sink = std::thread::spawn(move || {
-        traffic::sink(
-            &listener,
-            SinkOptions {
-                flows: 1,
-                idle_timeout: Duration::from_secs(10),
-            },
-        )
-        .unwrap()
-    });
+    let (target, sink) = start_sink(&lab, false, 1);
     let client = lab
         .run_in(Node::Client, move || std::net::TcpStream::connect(target))
         .unwrap()

@@ -51,7 +51,8 @@ fn workspace_root() -> std::path::PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
-/// Builds the lab's binary in release mode and returns its path.
+/// Builds the lab's binary in release mode, makes the lab use it (for the emulator too: the
+/// lab would otherwise find the debug build beside this program), and returns its path.
 fn build_lab_binary() -> Result<std::path::PathBuf> {
     let root = workspace_root();
     let status =
@@ -60,5 +61,7 @@ fn build_lab_binary() -> Result<std::path::PathBuf> {
             .current_dir(&root)
             .status()?;
     anyhow::ensure!(status.success(), "building wsx-lab failed");
-    Ok(root.join("target/release/wsx-lab"))
+    let binary = root.join("target/release/wsx-lab");
+    wsx_lab::use_lab_binary(binary.clone());
+    Ok(binary)
 }

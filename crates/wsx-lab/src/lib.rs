@@ -29,11 +29,25 @@ pub use wan::{LossDirection, WanSpec};
 
 use anyhow::{Result, bail};
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
-/// The `wsx-lab` binary that the lab runs inside its namespaces: `$WSX_LAB_BIN` if set, else
-/// the running program if it is `wsx-lab`, else `wsx-lab` beside the running program or one
-/// directory up (where Cargo puts binaries relative to test executables in `deps/`).
+static LAB_BINARY: OnceLock<PathBuf> = OnceLock::new();
+
+/// Makes the lab run this `wsx-lab` binary (the emulator, and endpoints started by callers
+/// that ask [`lab_binary`]) for the rest of the process, e.g. a release build for benchmarks.
+/// Only the first call takes effect.
+pub fn use_lab_binary(path: PathBuf) {
+    let _ = LAB_BINARY.set(path);
+}
+
+/// The `wsx-lab` binary that the lab runs inside its namespaces: the one given to
+/// [`use_lab_binary`], else `$WSX_LAB_BIN`, else the running program if it is `wsx-lab`, else
+/// `wsx-lab` beside the running program or one directory up (where Cargo puts binaries relative
+/// to test executables in `deps/`).
 pub fn lab_binary() -> Result<PathBuf> {
+    if let Some(path) = LAB_BINARY.get() {
+        return Ok(path.clone());
+    }
     if let Some(path) = std::env::var_os("WSX_LAB_BIN") {
         return Ok(PathBuf::from(path));
     }

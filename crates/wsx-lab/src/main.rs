@@ -197,14 +197,8 @@ fn main() -> Result<()> {
                 receipt_timeout: Duration::from_secs(300),
             };
             let report = traffic::send(&options)?;
-            write_report(&json, &report)?;
-            if !report.verified() {
-                anyhow::bail!(
-                    "transfer not verified: {:?}",
-                    report.flows.iter().find_map(|f| f.error.as_ref())
-                );
-            }
-            Ok(())
+            let error = report.flows.iter().find_map(|f| f.error.as_deref());
+            finish(&json, &report, report.verified(), error)
         }
         Cmd::Sink {
             listen,
@@ -221,16 +215,26 @@ fn main() -> Result<()> {
                 idle_timeout: Duration::from_secs(idle_timeout_s),
             };
             let report = traffic::sink(&listener, options)?;
-            write_report(&json, &report)?;
-            if !report.verified() {
-                anyhow::bail!(
-                    "transfer not verified: {:?}",
-                    report.flows.iter().find_map(|f| f.error.as_ref())
-                );
-            }
-            Ok(())
+            let error = report.flows.iter().find_map(|f| f.error.as_deref());
+            finish(&json, &report, report.verified(), error)
         }
     }
+}
+
+/// Writes the report, then fails unless the transfer was verified.
+fn finish(
+    path: &str,
+    report: &impl serde::Serialize,
+    verified: bool,
+    error: Option<&str>,
+) -> Result<()> {
+    write_report(path, report)?;
+    anyhow::ensure!(
+        verified,
+        "transfer not verified: {}",
+        error.unwrap_or("no error reported")
+    );
+    Ok(())
 }
 
 fn write_report(path: &str, report: &impl serde::Serialize) -> Result<()> {

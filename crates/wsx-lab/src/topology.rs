@@ -134,16 +134,7 @@ impl Lab {
     /// Builds the topology and starts the emulator with `config`. On any error everything
     /// created so far is removed.
     pub fn start(config: &EmulatorConfig) -> Result<Lab> {
-        config
-            .a_to_b
-            .validate()
-            .map_err(anyhow::Error::msg)
-            .context("a_to_b")?;
-        config
-            .b_to_a
-            .validate()
-            .map_err(anyhow::Error::msg)
-            .context("b_to_a")?;
+        config.validate()?;
         check_prerequisites()?;
         let name = format!(
             "{PREFIX}{}-{}",
@@ -297,32 +288,22 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
         ),
     )?;
 
-    let v6 = |a: Ipv6Addr| a.to_string();
     netns::ip_batch(
         Some(&client),
-        &format!(
-            "link set lo up\nlink set eth0 up\n\
-             addr add {}/24 dev eth0\naddr add {}/64 dev eth0 nodad\n\
-             route add default via {}\nroute add ::/0 via {}\n",
+        &endpoint_script(
             addr::CLIENT_V4,
-            v6(addr::CLIENT_V6),
+            addr::CLIENT_V6,
             addr::GWA_LAN_V4,
-            v6(addr::GWA_LAN_V6)
+            addr::GWA_LAN_V6,
         ),
     )?;
     netns::ip_batch(
         Some(&gwa),
-        &format!(
-            "link set lo up\nlink set lan0 up\nlink set wan0 up\n\
-             addr add {}/24 dev lan0\naddr add {}/64 dev lan0 nodad\n\
-             addr add {}/24 dev wan0\naddr add {}/64 dev wan0 nodad\n\
-             route add 10.71.3.0/24 via {}\nroute add fd57:5358:1ab:3::/64 via {}\n",
-            addr::GWA_LAN_V4,
-            v6(addr::GWA_LAN_V6),
-            addr::GWA_WAN_V4,
-            v6(addr::GWA_WAN_V6),
-            addr::GWB_WAN_V4,
-            v6(addr::GWB_WAN_V6)
+        &gateway_script(
+            [addr::GWA_LAN_V4, addr::GWA_WAN_V4, addr::GWB_WAN_V4],
+            [addr::GWA_LAN_V6, addr::GWA_WAN_V6, addr::GWB_WAN_V6],
+            "10.71.3.0/24",
+            "fd57:5358:1ab:3::/64",
         ),
     )?;
     netns::ip_batch(
@@ -331,29 +312,20 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
     )?;
     netns::ip_batch(
         Some(&gwb),
-        &format!(
-            "link set lo up\nlink set lan0 up\nlink set wan0 up\n\
-             addr add {}/24 dev lan0\naddr add {}/64 dev lan0 nodad\n\
-             addr add {}/24 dev wan0\naddr add {}/64 dev wan0 nodad\n\
-             route add 10.71.1.0/24 via {}\nroute add fd57:5358:1ab:1::/64 via {}\n",
-            addr::GWB_LAN_V4,
-            v6(addr::GWB_LAN_V6),
-            addr::GWB_WAN_V4,
-            v6(addr::GWB_WAN_V6),
-            addr::GWA_WAN_V4,
-            v6(addr::GWA_WAN_V6)
+        &gateway_script(
+            [addr::GWB_LAN_V4, addr::GWB_WAN_V4, addr::GWA_WAN_V4],
+            [addr::GWB_LAN_V6, addr::GWB_WAN_V6, addr::GWA_WAN_V6],
+            "10.71.1.0/24",
+            "fd57:5358:1ab:1::/64",
         ),
     )?;
     netns::ip_batch(
         Some(&server),
-        &format!(
-            "link set lo up\nlink set eth0 up\n\
-             addr add {}/24 dev eth0\naddr add {}/64 dev eth0 nodad\n\
-             route add default via {}\nroute add ::/0 via {}\n",
+        &endpoint_script(
             addr::SERVER_V4,
-            v6(addr::SERVER_V6),
+            addr::SERVER_V6,
             addr::GWB_LAN_V4,
-            v6(addr::GWB_LAN_V6)
+            addr::GWB_LAN_V6,
         ),
     )?;
 
@@ -404,6 +376,37 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// `ip -batch` commands for an endpoint: its addresses on `eth0`, default routes via its gateway.
+fn endpoint_script(
+    v4: Ipv4Addr,
+    v6: Ipv6Addr,
+    gateway_v4: Ipv4Addr,
+    gateway_v6: Ipv6Addr,
+) -> String {
+    format!(
+        "link set lo up\nlink set eth0 up\n\
+         addr add {v4}/24 dev eth0\naddr add {v6}/64 dev eth0 nodad\n\
+         route add default via {gateway_v4}\nroute add ::/0 via {gateway_v6}\n"
+    )
+}
+
+/// `ip -batch` commands for a gateway: `[lan, wan, peer's wan]` addresses per family, and a
+/// route to the far LAN through the peer gateway.
+fn gateway_script(
+    v4: [Ipv4Addr; 3],
+    v6: [Ipv6Addr; 3],
+    far_lan_v4: &str,
+    far_lan_v6: &str,
+) -> String {
+    let ([lan4, wan4, peer4], [lan6, wan6, peer6]) = (v4, v6);
+    format!(
+        "link set lo up\nlink set lan0 up\nlink set wan0 up\n\
+         addr add {lan4}/24 dev lan0\naddr add {lan6}/64 dev lan0 nodad\n\
+         addr add {wan4}/24 dev wan0\naddr add {wan6}/64 dev wan0 nodad\n\
+         route add {far_lan_v4} via {peer4}\nroute add {far_lan_v6} via {peer6}\n"
+    )
 }
 
 /// Deletes lab `name`'s namespaces and runtime directory.

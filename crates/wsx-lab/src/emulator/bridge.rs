@@ -43,16 +43,7 @@ const ETHERNET_HEADER: usize = 14;
 
 /// Runs the emulator until the process is killed.
 pub fn run(a_iface: &str, b_iface: &str, control: &Path, config: EmulatorConfig) -> Result<()> {
-    config
-        .a_to_b
-        .validate()
-        .map_err(anyhow::Error::msg)
-        .context("a_to_b")?;
-    config
-        .b_to_a
-        .validate()
-        .map_err(anyhow::Error::msg)
-        .context("b_to_a")?;
+    config.validate()?;
     sys::precise_timers().context("setting timer slack")?;
     let sockets = [
         PacketSocket::bind(a_iface, SOCKET_BUFFER)

@@ -33,6 +33,21 @@ pub struct EmulatorConfig {
     pub seed: u64,
 }
 
+impl EmulatorConfig {
+    /// Checks both directions' parameters; the error names the direction and the field.
+    pub fn validate(&self) -> Result<()> {
+        self.a_to_b
+            .validate()
+            .map_err(anyhow::Error::msg)
+            .context("a_to_b")?;
+        self.b_to_a
+            .validate()
+            .map_err(anyhow::Error::msg)
+            .context("b_to_a")?;
+        Ok(())
+    }
+}
+
 /// A request on the control socket.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
