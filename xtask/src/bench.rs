@@ -106,6 +106,9 @@ pub(crate) struct Record {
     pub(crate) rtt_ms: f64,
     pub(crate) loss_pct: f64,
     pub(crate) loss_dir: LossDirection,
+    /// Gilbert-Elliott burst loss (percent chances of entering and leaving the lossy state).
+    pub(crate) burst_p_pct: Option<f64>,
+    pub(crate) burst_r_pct: Option<f64>,
     pub(crate) rate_mbit: f64,
     pub(crate) queue_ms: f64,
     pub(crate) flows: u16,
@@ -183,7 +186,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         bar.set_message(case.describe());
         let record =
             run_case(case, &binary).with_context(|| format!("case {}", case.describe()))?;
-        bar.println(record.summary());
+        if bar.is_hidden() {
+            // No terminal (a log, CI): indicatif would swallow the line.
+            println!("{}", record.summary());
+        } else {
+            bar.println(record.summary());
+        }
         records.push(record);
         bar.inc(1);
         write_outputs(&records, &out_dir, args.json.as_deref())?;
@@ -374,6 +382,8 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         rtt_ms: case.wan.rtt_ms,
         loss_pct: case.wan.loss_pct,
         loss_dir: case.wan.loss_dir,
+        burst_p_pct: case.wan.burst_p_pct,
+        burst_r_pct: case.wan.burst_r_pct,
         rate_mbit: case.wan.rate_mbit,
         queue_ms: case.wan.queue_ms(),
         flows: case.flows,
@@ -471,7 +481,11 @@ impl Record {
             self.t90_ms.map_or("never".into(), |t| format!("{t} ms")),
             self.rev_per_fwd,
             self.cpu_s.emulator,
-            if self.verified { "" } else { "  NOT VERIFIED" }
+            match (self.verified, self.emu_faults) {
+                (false, _) => "  NOT VERIFIED".to_string(),
+                (true, 0) => String::new(),
+                (true, n) => format!("  INVALID: {n} emulator faults"),
+            }
         )
     }
 }
@@ -499,7 +513,11 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
             r.emu_drops,
             r.cpu_s.emulator,
             r.cpu_s.endpoints,
-            if r.verified { "yes" } else { "**no**" }
+            match (r.verified, r.emu_faults) {
+                (false, _) => "**no**".to_string(),
+                (true, 0) => "yes".to_string(),
+                (true, n) => format!("yes, but {n} emulator faults"),
+            }
         );
     }
     s

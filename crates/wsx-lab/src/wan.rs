@@ -1,7 +1,7 @@
 //! A WAN described the way people talk about one (round-trip time, loss, rate), turned into the
 //! emulator's per-direction parameters.
 
-use crate::emulator::{EmulatorConfig, LinkParams, QueueLimit};
+use crate::emulator::{EmulatorConfig, GilbertElliott, LinkParams, QueueLimit};
 use serde::{Deserialize, Serialize};
 
 /// Which directions `--loss` applies to.
@@ -34,6 +34,14 @@ pub struct WanSpec {
     /// about one bandwidth-delay product].
     #[arg(long)]
     pub queue_ms: Option<f64>,
+    /// Gilbert-Elliott burst loss on top of --loss: percent chance per packet of entering the
+    /// lossy state (every packet lost there), in the same directions as --loss.
+    #[arg(long, requires = "burst_r_pct")]
+    pub burst_p_pct: Option<f64>,
+    /// Gilbert-Elliott: percent chance per packet of leaving the lossy state (mean burst
+    /// length 100 / this, in packets).
+    #[arg(long, requires = "burst_p_pct")]
+    pub burst_r_pct: Option<f64>,
     /// Jitter in ms (uniform, order kept).
     #[arg(long, default_value_t = 0.0)]
     pub jitter_ms: f64,
@@ -50,6 +58,8 @@ impl Default for WanSpec {
             loss_dir: LossDirection::Both,
             rate_mbit: 100.0,
             queue_ms: None,
+            burst_p_pct: None,
+            burst_r_pct: None,
             jitter_ms: 0.0,
             seed: 1,
         }
@@ -60,6 +70,16 @@ impl WanSpec {
     /// The queue in force, in ms.
     pub fn queue_ms(&self) -> f64 {
         self.queue_ms.unwrap_or(self.rtt_ms.max(10.0))
+    }
+
+    /// The Gilbert-Elliott burst-loss model, if configured.
+    pub fn burst(&self) -> Option<GilbertElliott> {
+        Some(GilbertElliott {
+            p_pct: self.burst_p_pct?,
+            r_pct: self.burst_r_pct?,
+            loss_good_pct: 0.0,
+            loss_bad_pct: 100.0,
+        })
     }
 
     /// The emulator configuration for this WAN.

@@ -233,6 +233,45 @@ fn random_loss_is_inside_the_binomial_interval() {
 }
 
 #[test]
+fn burst_loss_drops_in_runs_and_is_counted_apart() {
+    let _serial = serial();
+    let burst = wsx_lab::emulator::GilbertElliott {
+        p_pct: 1.0,
+        r_pct: 25.0,
+        loss_good_pct: 0.0,
+        loss_bad_pct: 100.0,
+    };
+    let params = LinkParams {
+        burst: Some(burst),
+        delay_us: 1000,
+        ..Default::default()
+    };
+    let lab = start_lab(params, LinkParams::default());
+    let sequence = send_numbered(&lab, 5000, 50);
+    let lost = 5000 - sequence.len() as u64;
+    // Gaps in the received numbers are the bursts: mean length 1/r = 4 packets.
+    let gaps: Vec<u32> = sequence
+        .windows(2)
+        .map(|w| w[1] - w[0] - 1)
+        .filter(|&g| g > 0)
+        .collect();
+    let mean_gap = f64::from(gaps.iter().sum::<u32>()) / gaps.len() as f64;
+    let stats = lab.emulator().stats().unwrap();
+    assert!(lost > 50, "stationary loss is 1/26 of 5000: lost {lost}");
+    assert!(
+        (2.5..=6.0).contains(&mean_gap),
+        "mean burst {mean_gap} packets over {} bursts",
+        gaps.len()
+    );
+    assert!(
+        stats.a_to_b.drop_burst >= lost && stats.a_to_b.drop_burst <= lost + 3,
+        "{stats:?}"
+    );
+    assert_eq!(stats.a_to_b.drop_random, 0);
+    no_faults(&lab);
+}
+
+#[test]
 fn queue_overflows_at_the_configured_depth() {
     let _serial = serial();
     let params = LinkParams {
@@ -277,7 +316,7 @@ fn jitter_keeps_order_and_reordering_and_duplication_happen_as_configured() {
         ..Default::default()
     };
     let lab = start_lab(jittery, LinkParams::with_delay_ms(20.0));
-    let sequence = send_sequence(&lab, 300);
+    let sequence = send_numbered(&lab, 300, 1);
     assert_eq!(sequence.len(), 300);
     assert!(
         sequence.windows(2).all(|w| w[0] < w[1]),
@@ -293,7 +332,7 @@ fn jitter_keeps_order_and_reordering_and_duplication_happen_as_configured() {
         ..Default::default()
     };
     let lab = start_lab(messy, LinkParams::default());
-    let sequence = send_sequence(&lab, 1000);
+    let sequence = send_numbered(&lab, 1000, 1);
     let mut sorted = sequence.clone();
     sorted.sort_unstable();
     let distinct = {
@@ -313,8 +352,9 @@ fn jitter_keeps_order_and_reordering_and_duplication_happen_as_configured() {
     no_faults(&lab);
 }
 
-/// Sends `count` numbered packets 1 ms apart and returns the numbers in arrival order.
-fn send_sequence(lab: &Lab, count: u32) -> Vec<u32> {
+/// Sends `count` numbered packets, `per_ms` each millisecond, and returns the numbers in
+/// arrival order.
+fn send_numbered(lab: &Lab, count: u32, per_ms: u32) -> Vec<u32> {
     let sink = udp(lab, Node::Server, addr::server(false));
     sink.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
@@ -333,7 +373,9 @@ fn send_sequence(lab: &Lab, count: u32) -> Vec<u32> {
     });
     for seq in 0..count {
         client.send_to(&seq.to_be_bytes(), target).unwrap();
-        std::thread::sleep(Duration::from_millis(1));
+        if seq % per_ms == per_ms - 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
     rx.join().unwrap()
 }
