@@ -304,6 +304,11 @@ fn queue_overflows_at_the_configured_depth() {
         after.a_to_b.drop_queue - before.a_to_b.drop_queue,
         100 - received
     );
+    assert_eq!(
+        after.a_to_b.drop_bytes - before.a_to_b.drop_bytes,
+        (100 - received) * 1500,
+        "dropped bytes are IP bytes"
+    );
     no_faults(&lab);
 }
 

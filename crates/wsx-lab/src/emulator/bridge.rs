@@ -210,6 +210,7 @@ impl Forwarder {
                             DropReason::Queue => Counter::DropQueue,
                         };
                         counters.add(counter, 1);
+                        counters.add(Counter::DropBytes, ip_bytes);
                         self.pool.give_back(slot);
                     }
                     Verdict::Deliver {

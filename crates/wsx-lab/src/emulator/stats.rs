@@ -21,6 +21,8 @@ pub struct DirectionStats {
     pub drop_burst: u64,
     /// Packets dropped because the bottleneck queue was full.
     pub drop_queue: u64,
+    /// Bytes of the packets the emulated link dropped (random, burst and queue).
+    pub drop_bytes: u64,
     /// Extra copies sent by duplication.
     pub duplicated: u64,
     /// Packets held back so that later ones overtook them.
@@ -47,6 +49,7 @@ impl DirectionStats {
             drop_random: self.drop_random - earlier.drop_random,
             drop_burst: self.drop_burst - earlier.drop_burst,
             drop_queue: self.drop_queue - earlier.drop_queue,
+            drop_bytes: self.drop_bytes - earlier.drop_bytes,
             duplicated: self.duplicated - earlier.duplicated,
             reordered: self.reordered - earlier.reordered,
             emulator_faults: self.emulator_faults - earlier.emulator_faults,
@@ -84,7 +87,7 @@ impl EmulatorStats {
 /// snapshot a few packets old.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    values: [AtomicU64; 10],
+    values: [AtomicU64; 11],
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -96,6 +99,7 @@ pub(crate) enum Counter {
     DropRandom,
     DropBurst,
     DropQueue,
+    DropBytes,
     Duplicated,
     Reordered,
     EmulatorFaults,
@@ -117,6 +121,7 @@ impl Counters {
             drop_random: v(Counter::DropRandom),
             drop_burst: v(Counter::DropBurst),
             drop_queue: v(Counter::DropQueue),
+            drop_bytes: v(Counter::DropBytes),
             duplicated: v(Counter::Duplicated),
             reordered: v(Counter::Reordered),
             emulator_faults: v(Counter::EmulatorFaults),
