@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 use wsx_lab::emulator::LinkParams;
-use wsx_lab::{Lab, Node, WanSpec, addr, monotonic_ns};
+use wsx_lab::{Lab, Node, WanSpec, addr, monotonic_ns, traffic};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct CostArgs {
@@ -88,18 +88,8 @@ fn measure(rate_mbit: f64, seconds: f64) -> Result<Row> {
         packets
     });
     let before = lab.emulator().stats()?;
-    let payload = [0x5au8; IP_BYTES - 28];
-    let interval_ns = IP_BYTES as f64 * 8.0 / (rate_mbit * 1e6) * 1e9;
-    let total = (seconds * 1e9 / interval_ns) as u64;
     let start = monotonic_ns();
-    for i in 0..total {
-        let due = start + (i as f64 * interval_ns) as u64;
-        let now = monotonic_ns();
-        if due > now + 1_000_000 {
-            std::thread::sleep(Duration::from_nanos(due - now - 500_000));
-        }
-        client.send_to(&payload, target)?;
-    }
+    traffic::send_paced(&client, target, IP_BYTES, rate_mbit, seconds)?;
     let elapsed = (monotonic_ns() - start) as f64 / 1e9;
     let received = counter
         .join()

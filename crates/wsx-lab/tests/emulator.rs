@@ -9,7 +9,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use wsx_lab::emulator::{Direction, EmulatorConfig, LinkParams, QueueLimit};
-use wsx_lab::{Lab, Node, addr, monotonic_ns};
+use wsx_lab::{Lab, Node, addr, monotonic_ns, traffic};
 
 /// One lab at a time: accuracy tests must not compete for the CPU with each other.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -157,19 +157,7 @@ fn blast(lab: &Lab, ip_bytes: usize, offered_mbit: f64, seconds: f64) -> (u64, V
         }
         arrivals
     });
-    let payload = vec![0xa5u8; ip_bytes - 28];
-    let interval_ns = (ip_bytes as f64 * 8.0 / (offered_mbit * 1e6) * 1e9) as u64;
-    let start = monotonic_ns();
-    let total = (seconds * 1e9) as u64 / interval_ns;
-    for i in 0..total {
-        let due = start + i * interval_ns;
-        while monotonic_ns() < due {
-            if due.saturating_sub(monotonic_ns()) > 200_000 {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        }
-        client.send_to(&payload, target).unwrap();
-    }
+    let total = traffic::send_paced(&client, target, ip_bytes, offered_mbit, seconds).unwrap();
     (total, rx.join().unwrap())
 }
 

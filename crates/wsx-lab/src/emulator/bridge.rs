@@ -79,11 +79,10 @@ pub fn run(a_iface: &str, b_iface: &str, control: &Path, config: EmulatorConfig)
         batch: MsgBatch::new(BATCH),
         rx_slots: Vec::with_capacity(BATCH),
         rx_result: Vec::with_capacity(BATCH),
-        tx_slots: Vec::with_capacity(BATCH),
+        tx: Vec::with_capacity(BATCH),
         sequence: 0,
-        shared: Arc::clone(&shared),
     };
-    forwarder.run(&sockets, &changes)
+    forwarder.run(&shared, &sockets, &changes)
 }
 
 struct Shared {
@@ -104,31 +103,32 @@ struct Forwarder {
     batch: MsgBatch,
     rx_slots: Vec<u32>,
     rx_result: Vec<(usize, bool)>,
-    tx_slots: Vec<u32>,
+    /// Frames of the batch being sent: (slot, frame length).
+    tx: Vec<(u32, usize)>,
     sequence: u64,
-    shared: Arc<Shared>,
 }
 
 impl Forwarder {
     fn run(
         &mut self,
+        shared: &Shared,
         sockets: &[PacketSocket; 2],
         changes: &mpsc::Receiver<(Direction, super::LinkParams)>,
     ) -> Result<()> {
         let fds = [
             sockets[0].as_raw_fd(),
             sockets[1].as_raw_fd(),
-            self.shared.wake.as_raw_fd(),
+            shared.wake.as_raw_fd(),
         ];
         let mut ready = [true, true, false];
         let mut next_kernel_check = 0;
         loop {
             let now = sys::monotonic_ns();
             for dir in 0..2 {
-                self.send_due(dir, now, &sockets[1 - dir])?;
+                self.send_due(dir, now, &sockets[1 - dir], &shared.counters[dir])?;
             }
             if ready[2] {
-                self.shared.wake.drain();
+                shared.wake.drain();
                 while let Ok((direction, params)) = changes.try_recv() {
                     for &dir in directions(direction) {
                         self.links[dir].set_params(params.clone());
@@ -137,12 +137,12 @@ impl Forwarder {
             }
             for dir in 0..2 {
                 if ready[dir] {
-                    self.receive(dir, &sockets[dir])?;
+                    self.receive(dir, &sockets[dir], shared)?;
                 }
             }
             if now >= next_kernel_check {
                 next_kernel_check = now + KERNEL_DROPS_EVERY_NS;
-                for (socket, counters) in sockets.iter().zip(&self.shared.counters) {
+                for (socket, counters) in sockets.iter().zip(&shared.counters) {
                     counters.add(Counter::EmulatorFaults, socket.take_kernel_drops()?);
                 }
             }
@@ -167,8 +167,7 @@ impl Forwarder {
         }
     }
 
-    fn receive(&mut self, dir: usize, socket: &PacketSocket) -> Result<()> {
-        let shared = Arc::clone(&self.shared);
+    fn receive(&mut self, dir: usize, socket: &PacketSocket, shared: &Shared) -> Result<()> {
         let counters = &shared.counters[dir];
         for _ in 0..RX_BATCHES_PER_TURN {
             self.rx_slots.clear();
@@ -178,7 +177,7 @@ impl Forwarder {
                     None => break,
                 }
             }
-            self.shared
+            shared
                 .buffers
                 .store(self.pool.allocated() as u64, Ordering::Relaxed);
             if self.rx_slots.is_empty() {
@@ -248,43 +247,41 @@ impl Forwarder {
         self.heaps[dir].push(Reverse((at_ns, self.sequence, slot, len as u16)));
     }
 
-    fn send_due(&mut self, dir: usize, now: u64, out: &PacketSocket) -> Result<()> {
-        let shared = Arc::clone(&self.shared);
-        let counters = &shared.counters[dir];
+    fn send_due(
+        &mut self,
+        dir: usize,
+        now: u64,
+        out: &PacketSocket,
+        counters: &Counters,
+    ) -> Result<()> {
         loop {
-            self.tx_slots.clear();
-            let mut lens = [0usize; BATCH];
-            while self.tx_slots.len() < BATCH {
+            self.tx.clear();
+            while self.tx.len() < BATCH {
                 match self.heaps[dir].peek() {
-                    Some(Reverse((at, _, slot, len))) if *at <= now => {
-                        lens[self.tx_slots.len()] = usize::from(*len);
-                        self.tx_slots.push(*slot);
+                    Some(&Reverse((at, _, slot, len))) if at <= now => {
+                        self.tx.push((slot, usize::from(len)));
                         self.heaps[dir].pop();
                     }
                     _ => break,
                 }
             }
-            if self.tx_slots.is_empty() {
+            if self.tx.is_empty() {
                 return Ok(());
             }
             let pool = &mut self.pool;
-            let mut bufs = self
-                .tx_slots
-                .iter()
-                .zip(lens)
-                .map(|(&s, len)| (pool.ptr(s), len));
+            let mut bufs = self.tx.iter().map(|&(slot, len)| (pool.ptr(slot), len));
             // SAFETY: each slot is a live pool buffer holding `len` bytes of a received frame.
             let sent = unsafe { self.batch.send(out, &mut bufs)? };
-            for (i, &slot) in self.tx_slots.iter().enumerate() {
+            for (i, &(slot, len)) in self.tx.iter().enumerate() {
                 if i < sent {
                     counters.add(Counter::FwdPkts, 1);
-                    counters.add(Counter::FwdBytes, (lens[i] - ETHERNET_HEADER) as u64);
+                    counters.add(Counter::FwdBytes, (len - ETHERNET_HEADER) as u64);
                 } else {
                     counters.add(Counter::EmulatorFaults, 1);
                 }
                 self.pool.give_back(slot);
             }
-            if self.tx_slots.len() < BATCH {
+            if self.tx.len() < BATCH {
                 return Ok(());
             }
         }

@@ -1,4 +1,5 @@
-//! Verified traffic: a sender that pushes a deterministic stream over M parallel TCP connections
+//! Traffic for the lab. [`send_paced`] offers a constant UDP load. The rest is verified TCP
+//! traffic: a sender that pushes a deterministic stream over M parallel TCP connections
 //! for N bytes or S seconds, and a sink that checks every byte against the same stream.
 //!
 //! Each connection starts with a 40-byte header (magic `WSXT`, version, payload kind, flow number,
@@ -12,10 +13,12 @@
 mod payload;
 mod send;
 mod sink;
+mod udp;
 
 pub use payload::{Payload, PayloadKind};
 pub use send::{SendOptions, SendReport, SentFlow, send};
 pub use sink::{FlowReport, SinkOptions, SinkReport, sink};
+pub use udp::send_paced;
 
 /// Width of a rate bucket.
 pub const BUCKET_NS: u64 = 100_000_000;
