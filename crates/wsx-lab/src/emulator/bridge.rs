@@ -12,7 +12,7 @@
 
 use super::control::{Direction, EmulatorConfig, Request, Response};
 use super::model::{DropReason, Link, Verdict};
-use super::stats::{Counter, Counters, EmulatorStats};
+use super::stats::{Counter, Counters, EmulatorStats, LATE_NS};
 use crate::sys::{self, EventFd, MsgBatch, PacketSocket};
 use anyhow::{Context, Result};
 use std::cmp::Reverse;
@@ -103,8 +103,8 @@ struct Forwarder {
     batch: MsgBatch,
     rx_slots: Vec<u32>,
     rx_result: Vec<(usize, bool)>,
-    /// Frames of the batch being sent: (slot, frame length).
-    tx: Vec<(u32, usize)>,
+    /// Frames of the batch being sent: (slot, frame length, due time).
+    tx: Vec<(u32, usize, u64)>,
     sequence: u64,
 }
 
@@ -259,7 +259,7 @@ impl Forwarder {
             while self.tx.len() < BATCH {
                 match self.heaps[dir].peek() {
                     Some(&Reverse((at, _, slot, len))) if at <= now => {
-                        self.tx.push((slot, usize::from(len)));
+                        self.tx.push((slot, usize::from(len), at));
                         self.heaps[dir].pop();
                     }
                     _ => break,
@@ -269,10 +269,13 @@ impl Forwarder {
                 return Ok(());
             }
             let pool = &mut self.pool;
-            let mut bufs = self.tx.iter().map(|&(slot, len)| (pool.ptr(slot), len));
+            let mut bufs = self.tx.iter().map(|&(slot, len, _)| (pool.ptr(slot), len));
             // SAFETY: each slot is a live pool buffer holding `len` bytes of a received frame.
             let sent = unsafe { self.batch.send(out, &mut bufs)? };
-            for (i, &(slot, len)) in self.tx.iter().enumerate() {
+            for (i, &(slot, len, at)) in self.tx.iter().enumerate() {
+                if now - at > LATE_NS {
+                    counters.add(Counter::ReleasedLate, 1);
+                }
                 if i < sent {
                     counters.add(Counter::FwdPkts, 1);
                     counters.add(Counter::FwdBytes, (len - ETHERNET_HEADER) as u64);

@@ -15,4 +15,4 @@ pub mod stats;
 
 pub use control::{Direction, EmulatorConfig, EmulatorHandle};
 pub use params::{GilbertElliott, LinkParams, QueueLimit};
-pub use stats::{DirectionStats, EmulatorStats};
+pub use stats::{DirectionStats, EmulatorStats, LATE_NS};

@@ -31,7 +31,14 @@ pub struct DirectionStats {
     /// them, too large (an offload left on), or refused on send, or no buffer left. Any non-zero
     /// value means the emulator, not the emulated link, lost packets: the measurement is invalid.
     pub emulator_faults: u64,
+    /// Packets sent more than [`LATE_NS`] after the time the link model gave them: the emulator
+    /// process was not scheduled in time (a busy or shared host). Such packets arrive later than
+    /// the configured delay says.
+    pub released_late: u64,
 }
+
+/// How late a release may be before [`DirectionStats::released_late`] counts it: 1 ms.
+pub const LATE_NS: u64 = 1_000_000;
 
 impl DirectionStats {
     /// Packets the emulated link dropped on purpose.
@@ -53,6 +60,7 @@ impl DirectionStats {
             duplicated: self.duplicated - earlier.duplicated,
             reordered: self.reordered - earlier.reordered,
             emulator_faults: self.emulator_faults - earlier.emulator_faults,
+            released_late: self.released_late - earlier.released_late,
         }
     }
 }
@@ -87,7 +95,7 @@ impl EmulatorStats {
 /// snapshot a few packets old.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    values: [AtomicU64; 11],
+    values: [AtomicU64; 12],
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -103,6 +111,7 @@ pub(crate) enum Counter {
     Duplicated,
     Reordered,
     EmulatorFaults,
+    ReleasedLate,
 }
 
 impl Counters {
@@ -125,6 +134,7 @@ impl Counters {
             duplicated: v(Counter::Duplicated),
             reordered: v(Counter::Reordered),
             emulator_faults: v(Counter::EmulatorFaults),
+            released_late: v(Counter::ReleasedLate),
         }
     }
 }
