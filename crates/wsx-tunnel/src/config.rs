@@ -1,0 +1,87 @@
+//! Settings of connections and endpoints.
+
+use crate::congestion::CongestionControl;
+use crate::crypto::{PublicKey, SecretKey};
+use std::time::Duration;
+
+/// Settings every connection of an endpoint shares.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TransportConfig {
+    /// Largest UDP payload sent. 1400 fits IPv4 and IPv6 on a 1500-byte MTU path with room
+    /// for one layer of encapsulation (PPPoE, GRE) on the way.
+    pub max_datagram: u16,
+    /// Streams the peer may have open at once.
+    pub max_concurrent_streams: u64,
+    /// Receive window of one stream: the most unread bytes it buffers.
+    pub stream_window: u64,
+    /// Receive window of the connection (all streams together).
+    pub connection_window: u64,
+    /// Unacknowledged bytes one stream may buffer for sending before writes block.
+    pub stream_send_buffer: u64,
+    /// The same for all streams together.
+    pub connection_send_buffer: u64,
+    /// The connection closes after this long without hearing from the peer (the smaller of
+    /// both sides' values applies).
+    pub idle_timeout: Duration,
+    /// A PING is sent after this long without sending anything, so that the peer's idle timer
+    /// and the path's RTT estimate stay fresh, and a dead peer is noticed.
+    pub keepalive: Duration,
+    /// An ACK is sent after this many ack-eliciting packets...
+    pub ack_every: u32,
+    /// ...or after this delay, whichever comes first.
+    pub max_ack_delay: Duration,
+    /// The congestion controller.
+    pub congestion: CongestionControl,
+    /// The operator's cap on the sending rate (the contracted WAN bandwidth), bytes per second.
+    pub max_rate: Option<u64>,
+    /// Most packets handed to the driver in one call (one GSO send).
+    pub max_burst_packets: usize,
+    /// Handshake attempts before giving up; attempt `n` waits `2^n` seconds for an answer.
+    pub handshake_attempts: u32,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            max_datagram: 1400,
+            max_concurrent_streams: 16_384,
+            stream_window: 8 << 20,
+            connection_window: 64 << 20,
+            stream_send_buffer: 8 << 20,
+            connection_send_buffer: 64 << 20,
+            idle_timeout: Duration::from_secs(30),
+            keepalive: Duration::from_secs(1),
+            ack_every: 64,
+            max_ack_delay: Duration::from_millis(25),
+            congestion: CongestionControl::default(),
+            max_rate: None,
+            max_burst_packets: 32,
+            handshake_attempts: 5,
+        }
+    }
+}
+
+/// An endpoint's identity and its peers.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EndpointConfig {
+    pub secret: SecretKey,
+    /// Peers allowed to connect (and to be connected to). Initiations from any other key are
+    /// dropped without an answer.
+    pub peers: Vec<PublicKey>,
+    pub transport: TransportConfig,
+    /// Seeds connection ids. Drivers pass randomness; simulations pass a fixed seed.
+    pub seed: u64,
+}
+
+impl EndpointConfig {
+    pub fn new(secret: SecretKey, peers: Vec<PublicKey>, seed: u64) -> Self {
+        Self {
+            secret,
+            peers,
+            transport: TransportConfig::default(),
+            seed,
+        }
+    }
+}

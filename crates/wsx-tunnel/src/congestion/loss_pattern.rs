@@ -1,0 +1,270 @@
+//! Telling congestion from a bad line by the pattern of the losses.
+//!
+//! A loss-based controller (NewReno, CUBIC) halves its rate at every loss, so at 1 % random
+//! loss on a 100 ms path it runs at a few Mbit/s whatever the link's capacity. But a lost
+//! packet is only evidence of congestion when the loss has the marks of a full queue:
+//!
+//! 1. **Loss with RTT inflation.** A drop-tail queue drops only when it is full, and a full
+//!    queue delays every packet behind it: losses while the RTT stands well above its minimum
+//!    are overflow. Losses while the RTT sits at its floor are not this flow's queue.
+//! 2. **Loss above the line's own loss rate.** A damaged line loses a steady fraction of
+//!    packets whatever the rate; a bottleneck (or a policer) loses more the more is sent. The
+//!    classifier learns the random-loss rate `p` from rounds that were not congested and calls
+//!    a round congested when its losses exceed what `p` explains: more than
+//!    `n·p + 3·√(n·p·(1-p)) + 3` of `n` packets (a one-sided 3σ bound plus slack for small
+//!    rounds), so at 5 % random loss a 900-packet round needs ~68 losses, not 45, to count.
+//! 3. **Clustered loss.** Paced packets are spread out, so independent losses rarely hit
+//!    several consecutive packets (three in a row at 5 % loss: p³ = 1.25e-4 per packet). Runs
+//!    happen when a queue overflows under a burst or a link goes down. Two runs of three or
+//!    more in one round count as congestion.
+//!
+//! The reaction is not a halving: the controller resets its bandwidth estimate to the rate
+//! the path delivered during the episode. Under true congestion that is the bottleneck's rate;
+//! if a random burst was misjudged, the delivered rate is close to the sending rate anyway, so
+//! a false positive costs little.
+//!
+//! Only losses of packets sent after the last reaction are judged, so one overflow episode,
+//! whose losses are detected over a whole RTT, causes one reaction.
+
+use crate::congestion::LostPacket;
+use std::time::{Duration, Instant};
+
+/// Rounds of history before the learned random-loss rate is trusted.
+const BASELINE_ROUNDS: u32 = 4;
+/// Rounds with fewer packets than this teach nothing about the loss rate.
+const BASELINE_MIN_PACKETS: u64 = 20;
+/// Consecutive lost packets that make a cluster.
+const CLUSTER_LEN: u64 = 3;
+/// Clusters in one round that make congestion.
+const CLUSTERS_FOR_CONGESTION: u32 = 2;
+
+/// Why a loss was judged to be congestion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    Inflation,
+    Excess,
+    Cluster,
+}
+
+#[derive(Debug)]
+pub(crate) struct LossPattern {
+    /// Packets acknowledged and lost in the current round.
+    acked: u64,
+    lost: u64,
+    clusters: u32,
+    /// Largest RTT sample of the current round.
+    round_max_rtt: Duration,
+    /// The random-loss rate learned from uncongested rounds.
+    base_loss: f64,
+    base_rounds: u32,
+    /// The last reaction; losses of packets sent before it are not judged again.
+    reacted_at: Option<Instant>,
+    /// Whether the current round was congested (then it does not teach the base rate).
+    congested: bool,
+    /// Last lost packet number and the length of the run it ends, across loss events.
+    run_end: u64,
+    run_len: u64,
+}
+
+impl LossPattern {
+    pub(crate) fn new() -> Self {
+        Self {
+            acked: 0,
+            lost: 0,
+            clusters: 0,
+            round_max_rtt: Duration::ZERO,
+            base_loss: 0.0,
+            base_rounds: 0,
+            reacted_at: None,
+            congested: false,
+            run_end: u64::MAX,
+            run_len: 0,
+        }
+    }
+
+    /// The learned random-loss rate, once trusted.
+    pub(crate) fn base_loss(&self) -> Option<f64> {
+        (self.base_rounds >= BASELINE_ROUNDS).then_some(self.base_loss)
+    }
+
+    pub(crate) fn on_ack(&mut self, packets: u64, rtt_sample: Option<Duration>) {
+        self.acked += packets;
+        if let Some(rtt) = rtt_sample {
+            self.round_max_rtt = self.round_max_rtt.max(rtt);
+        }
+    }
+
+    /// A round ended: learn from it and start the next.
+    pub(crate) fn on_round_end(&mut self) {
+        let n = self.acked + self.lost;
+        if !self.congested && n >= BASELINE_MIN_PACKETS {
+            let fraction = self.lost as f64 / n as f64;
+            self.base_loss = if self.base_rounds == 0 {
+                fraction
+            } else {
+                (self.base_loss * 7.0 + fraction) / 8.0
+            };
+            self.base_rounds = self.base_rounds.saturating_add(1);
+        }
+        self.acked = 0;
+        self.lost = 0;
+        self.clusters = 0;
+        self.round_max_rtt = Duration::ZERO;
+        self.congested = false;
+    }
+
+    /// Judges newly lost packets. `inflation` is the RTT rise over `min_rtt` that marks a full
+    /// queue in the controller's current phase. Returns the cause when this is congestion the
+    /// controller should react to; the caller then calls [`Self::reacted`].
+    pub(crate) fn on_loss(
+        &mut self,
+        lost: &[LostPacket],
+        min_rtt: Duration,
+        inflation: Duration,
+    ) -> Option<Cause> {
+        let mut judged = 0;
+        for p in lost {
+            if self.reacted_at.is_some_and(|at| p.sent < at) {
+                continue;
+            }
+            judged += 1;
+            if self.run_end != u64::MAX && p.number == self.run_end + 1 {
+                self.run_len += 1;
+            } else {
+                self.run_len = 1;
+            }
+            self.run_end = p.number;
+            if self.run_len == CLUSTER_LEN {
+                self.clusters += 1;
+            }
+        }
+        if judged == 0 {
+            return None;
+        }
+        self.lost += judged;
+        let cause = if self.round_max_rtt > min_rtt + inflation {
+            Some(Cause::Inflation)
+        } else if self.excess() {
+            Some(Cause::Excess)
+        } else if self.clusters >= CLUSTERS_FOR_CONGESTION {
+            Some(Cause::Cluster)
+        } else {
+            None
+        };
+        self.congested |= cause.is_some();
+        cause
+    }
+
+    /// Whether this round's losses exceed what the learned random-loss rate explains.
+    fn excess(&self) -> bool {
+        let Some(p) = self.base_loss() else {
+            return false;
+        };
+        let n = (self.acked + self.lost) as f64;
+        let expected = n * p;
+        let bound = expected + 3.0 * (expected * (1.0 - p)).sqrt() + 3.0;
+        self.lost as f64 > bound
+    }
+
+    /// The controller lowered its rate at `now`.
+    pub(crate) fn reacted(&mut self, now: Instant) {
+        self.reacted_at = Some(now);
+        self.clusters = 0;
+        self.lost = 0;
+        self.acked = 0;
+        self.round_max_rtt = Duration::ZERO;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost(numbers: impl IntoIterator<Item = u64>, sent: Instant) -> Vec<LostPacket> {
+        numbers
+            .into_iter()
+            .map(|number| LostPacket {
+                number,
+                bytes: 1200,
+                sent,
+            })
+            .collect()
+    }
+
+    const MIN: Duration = Duration::from_millis(100);
+    const INFLATION: Duration = Duration::from_millis(25);
+
+    /// Teaches the classifier `rounds` rounds of 1000 packets with `per_round` scattered losses.
+    fn learn(pattern: &mut LossPattern, t: Instant, rounds: u64, per_round: u64) {
+        for round in 0..rounds {
+            pattern.on_ack(1000 - per_round, Some(MIN));
+            let base = round * 10_000;
+            let numbers = (0..per_round).map(|i| base + i * 37);
+            assert_eq!(pattern.on_loss(&lost(numbers, t), MIN, INFLATION), None);
+            pattern.on_round_end();
+        }
+    }
+
+    #[test]
+    fn steady_random_loss_is_not_congestion() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        learn(&mut pattern, t, 10, 50);
+        let p = pattern.base_loss().unwrap();
+        assert!((p - 0.05).abs() < 1e-9, "{p}");
+    }
+
+    #[test]
+    fn loss_well_above_the_learned_rate_is_congestion() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        learn(&mut pattern, t, 6, 10);
+        pattern.on_ack(900, Some(MIN));
+        let numbers = (0..100).map(|i| 1_000_000 + i * 5);
+        assert_eq!(
+            pattern.on_loss(&lost(numbers, t), MIN, INFLATION),
+            Some(Cause::Excess)
+        );
+    }
+
+    #[test]
+    fn loss_while_the_rtt_is_inflated_is_congestion() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        pattern.on_ack(10, Some(MIN + INFLATION + Duration::from_millis(1)));
+        assert_eq!(
+            pattern.on_loss(&lost([5], t), MIN, INFLATION),
+            Some(Cause::Inflation)
+        );
+    }
+
+    #[test]
+    fn two_runs_of_three_are_congestion_and_one_is_not() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        pattern.on_ack(500, Some(MIN));
+        assert_eq!(
+            pattern.on_loss(&lost([10, 11, 12], t), MIN, INFLATION),
+            None
+        );
+        // A run continues across loss events.
+        assert_eq!(pattern.on_loss(&lost([40, 41], t), MIN, INFLATION), None);
+        assert_eq!(
+            pattern.on_loss(&lost([42], t), MIN, INFLATION),
+            Some(Cause::Cluster)
+        );
+    }
+
+    #[test]
+    fn losses_sent_before_a_reaction_are_not_judged_again() {
+        let t = crate::test_epoch();
+        let later = t + Duration::from_millis(50);
+        let mut pattern = LossPattern::new();
+        pattern.on_ack(10, Some(MIN * 2));
+        assert!(pattern.on_loss(&lost([1], t), MIN, INFLATION).is_some());
+        pattern.reacted(later);
+        pattern.on_ack(10, Some(MIN * 2));
+        assert_eq!(pattern.on_loss(&lost([2, 3, 4], t), MIN, INFLATION), None);
+        assert!(pattern.on_loss(&lost([9], later), MIN, INFLATION).is_some());
+    }
+}

@@ -1,0 +1,110 @@
+//! Transport parameters: the limits each side declares in its handshake message
+//! (PROTOCOL.md §3.3), encrypted inside the Noise payload.
+
+use crate::coding::{Reader, Truncated, Writer};
+use crate::config::TransportConfig;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TransportParams {
+    pub(crate) max_streams: u64,
+    pub(crate) stream_window: u64,
+    pub(crate) connection_window: u64,
+    pub(crate) max_datagram: u64,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_ack_delay: Duration,
+}
+
+/// Encoded size bound: six varints.
+pub(crate) const MAX_LEN: usize = 6 * 8;
+
+/// The smallest datagram a peer may declare; below it no useful packet fits.
+const MIN_DATAGRAM: u64 = 1200;
+
+impl TransportParams {
+    pub(crate) fn from_config(config: &TransportConfig) -> Self {
+        Self {
+            max_streams: config.max_concurrent_streams,
+            stream_window: config.stream_window,
+            connection_window: config.connection_window,
+            max_datagram: u64::from(config.max_datagram),
+            idle_timeout: config.idle_timeout,
+            max_ack_delay: config.max_ack_delay,
+        }
+    }
+
+    pub(crate) fn emit(&self, w: &mut Writer<'_>) {
+        w.varint(self.max_streams);
+        w.varint(self.stream_window);
+        w.varint(self.connection_window);
+        w.varint(self.max_datagram);
+        w.varint(self.idle_timeout.as_millis() as u64);
+        w.varint(self.max_ack_delay.as_micros() as u64);
+    }
+
+    /// Parses the peer's parameters; values outside what the protocol allows are errors.
+    pub(crate) fn parse(r: &mut Reader<'_>) -> Result<Self, ParamsError> {
+        let params = Self {
+            max_streams: r.varint()?,
+            stream_window: r.varint()?,
+            connection_window: r.varint()?,
+            max_datagram: r.varint()?,
+            idle_timeout: Duration::from_millis(r.varint()?),
+            max_ack_delay: Duration::from_micros(r.varint()?),
+        };
+        if !(MIN_DATAGRAM..=65_527).contains(&params.max_datagram) {
+            return Err(ParamsError::Invalid("max_datagram"));
+        }
+        if params.max_ack_delay > Duration::from_secs(1) {
+            return Err(ParamsError::Invalid("max_ack_delay"));
+        }
+        Ok(params)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ParamsError {
+    #[error("truncated transport parameters")]
+    Truncated,
+    #[error("invalid transport parameter {0}")]
+    Invalid(&'static str),
+}
+
+impl From<Truncated> for ParamsError {
+    fn from(_: Truncated) -> Self {
+        Self::Truncated
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_validation() {
+        let params = TransportParams::from_config(&TransportConfig::default());
+        let mut buf = [0u8; MAX_LEN];
+        let mut w = Writer::new(&mut buf);
+        params.emit(&mut w);
+        let n = w.len();
+        assert_eq!(
+            TransportParams::parse(&mut Reader::new(&buf[..n])),
+            Ok(params)
+        );
+        assert_eq!(
+            TransportParams::parse(&mut Reader::new(&buf[..n - 1])),
+            Err(ParamsError::Truncated)
+        );
+        let small = TransportParams {
+            max_datagram: 100,
+            ..params
+        };
+        let mut w = Writer::new(&mut buf);
+        small.emit(&mut w);
+        let n = w.len();
+        assert_eq!(
+            TransportParams::parse(&mut Reader::new(&buf[..n])),
+            Err(ParamsError::Invalid("max_datagram"))
+        );
+    }
+}

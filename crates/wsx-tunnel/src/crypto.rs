@@ -1,0 +1,500 @@
+//! Keys, the Noise IK handshake and packet protection (PROTOCOL.md §3).
+//!
+//! Peers are identified by static Curve25519 keys, configured as base64 strings the way
+//! WireGuard does it. The handshake is `Noise_IK_25519_ChaChaPoly_BLAKE2s` (WireGuard's
+//! pattern, through the `snow` crate): the initiator knows the responder's public key and
+//! proves its own in the first message, so the responder can refuse an unknown peer before it
+//! keeps any state or sends anything, and both sides have session keys after one round trip.
+//!
+//! Data packets are sealed with ChaCha20-Poly1305 under the keys the handshake split into, with
+//! the packet number as the nonce (never reused: packet numbers only grow) and the cleartext
+//! header as associated data. Each direction updates its key on its own after a bounded number
+//! of packets or time ([`KEY_UPDATE_PACKETS`], [`KEY_UPDATE_INTERVAL`]) with the Noise `REKEY`
+//! function, flipping the key-phase bit of the header; the old key is erased, so a key captured
+//! later cannot open traffic sent before the update.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+use chacha20poly1305::{ChaCha20Poly1305, Tag};
+use snow::params::DHChoice;
+use snow::resolvers::{CryptoResolver, DefaultResolver};
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// The Noise protocol name.
+pub(crate) const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
+/// Bound into the handshake hash, so that a handshake for another protocol or version of this
+/// one can never complete.
+const PROLOGUE: &[u8] = b"wsx tunnel 1";
+/// Bytes of the AEAD tag.
+pub(crate) const TAG_LEN: usize = 16;
+/// Bytes of a Curve25519 key.
+pub const KEY_LEN: usize = 32;
+/// A direction's key is updated after this many packets...
+pub const KEY_UPDATE_PACKETS: u64 = 1 << 24;
+/// ... or this much time, whichever comes first.
+pub const KEY_UPDATE_INTERVAL: Duration = Duration::from_secs(120);
+
+/// A peer's public key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PublicKey([u8; KEY_LEN]);
+
+/// This gateway's private key. It prints masked, and is erased when dropped.
+#[derive(Clone)]
+pub struct SecretKey([u8; KEY_LEN]);
+
+/// A key string that is not a base64-encoded 32-byte key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The text is not base64.
+    #[error("not base64: {0}")]
+    Base64(String),
+    /// The key has the wrong length.
+    #[error("a key is {KEY_LEN} bytes, this one is {0}")]
+    Length(usize),
+}
+
+impl PublicKey {
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+}
+
+impl SecretKey {
+    /// A new random key, from the operating system's generator.
+    pub fn generate() -> Self {
+        // The generator is the OS one (getrandom); building the key pair cannot fail for a
+        // valid, built-in parameter string.
+        let builder = snow::Builder::new(params());
+        match builder.generate_keypair() {
+            Ok(pair) => Self(to_key(&pair.private)),
+            Err(e) => panic!("the operating system's random generator failed: {e}"),
+        }
+    }
+
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// The public key that belongs to this key.
+    pub fn public_key(&self) -> PublicKey {
+        let mut dh = DefaultResolver
+            .resolve_dh(&DHChoice::Curve25519)
+            .expect("snow's default resolver provides Curve25519");
+        dh.set(&self.0);
+        PublicKey(to_key(dh.pubkey()))
+    }
+
+    /// The key as base64, for writing a configuration file.
+    pub fn to_base64(&self) -> String {
+        BASE64.encode(self.0)
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+}
+
+fn to_key(bytes: &[u8]) -> [u8; KEY_LEN] {
+    let mut key = [0; KEY_LEN];
+    key.copy_from_slice(&bytes[..KEY_LEN]);
+    key
+}
+
+fn decode(s: &str) -> Result<[u8; KEY_LEN], KeyError> {
+    let bytes = BASE64
+        .decode(s.trim())
+        .map_err(|e| KeyError::Base64(e.to_string()))?;
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| KeyError::Length(bytes.len()))
+}
+
+impl FromStr for PublicKey {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        decode(s).map(Self)
+    }
+}
+
+impl FromStr for SecretKey {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        decode(s).map(Self)
+    }
+}
+
+impl fmt::Display for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&BASE64.encode(self.0))
+    }
+}
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublicKey({self})")
+    }
+}
+
+impl fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretKey(***)")
+    }
+}
+
+impl Drop for SecretKey {
+    fn drop(&mut self) {
+        // A volatile write, so the compiler cannot drop the erasure as a dead store.
+        for b in &mut self.0 {
+            // SAFETY: `b` is a valid, aligned, exclusive reference to a byte.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
+    }
+}
+
+fn params() -> snow::params::NoiseParams {
+    NOISE_PARAMS
+        .parse()
+        .expect("the built-in Noise parameter string is valid")
+}
+
+/// Handshake failures. None of them is ever answered on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HandshakeError {
+    #[error("handshake message did not decrypt: {0}")]
+    Noise(String),
+}
+
+impl From<snow::Error> for HandshakeError {
+    fn from(e: snow::Error) -> Self {
+        Self::Noise(e.to_string())
+    }
+}
+
+/// Starts a handshake as the initiator: writes message 1 carrying `payload` into `out`.
+pub(crate) fn initiate(
+    local: &SecretKey,
+    peer: &PublicKey,
+    payload: &[u8],
+    out: &mut [u8],
+) -> Result<(snow::HandshakeState, usize), HandshakeError> {
+    let mut hs = snow::Builder::new(params())
+        .local_private_key(local.as_bytes())?
+        .remote_public_key(peer.as_bytes())?
+        .prologue(PROLOGUE)?
+        .build_initiator()?;
+    let n = hs.write_message(payload, out)?;
+    Ok((hs, n))
+}
+
+/// Reads message 1 as the responder. On success returns the handshake, the initiator's static
+/// key and the payload length written to `payload`. The caller checks the key against its peers
+/// before it answers.
+pub(crate) fn accept(
+    local: &SecretKey,
+    message: &[u8],
+    payload: &mut [u8],
+) -> Result<(snow::HandshakeState, PublicKey, usize), HandshakeError> {
+    let mut hs = snow::Builder::new(params())
+        .local_private_key(local.as_bytes())?
+        .prologue(PROLOGUE)?
+        .build_responder()?;
+    let n = hs.read_message(message, payload)?;
+    let peer = hs
+        .get_remote_static()
+        .map(to_key)
+        .map(PublicKey)
+        .ok_or_else(|| HandshakeError::Noise("no static key in message 1".into()))?;
+    Ok((hs, peer, n))
+}
+
+/// Writes message 2 (the responder's answer) and returns the session keys.
+pub(crate) fn respond(
+    mut hs: snow::HandshakeState,
+    payload: &[u8],
+    out: &mut [u8],
+) -> Result<(Keys, usize), HandshakeError> {
+    let n = hs.write_message(payload, out)?;
+    Ok((Keys::from_handshake(hs), n))
+}
+
+/// Reads message 2 as the initiator and returns the session keys.
+pub(crate) fn finish(
+    mut hs: snow::HandshakeState,
+    message: &[u8],
+    payload: &mut [u8],
+) -> Result<(Keys, usize), HandshakeError> {
+    let n = hs.read_message(message, payload)?;
+    Ok((Keys::from_handshake(hs), n))
+}
+
+/// One direction's AEAD key.
+struct PacketKey {
+    key: [u8; KEY_LEN],
+    cipher: ChaCha20Poly1305,
+}
+
+impl PacketKey {
+    fn new(key: [u8; KEY_LEN]) -> Self {
+        Self {
+            cipher: ChaCha20Poly1305::new(&key.into()),
+            key,
+        }
+    }
+
+    /// Noise nonce layout: 32 zero bits, then the 64-bit counter little-endian.
+    fn nonce(number: u64) -> chacha20poly1305::Nonce {
+        let mut nonce = [0u8; 12];
+        nonce[4..].copy_from_slice(&number.to_le_bytes());
+        nonce.into()
+    }
+
+    fn seal(&self, number: u64, header: &[u8], payload: &mut [u8]) -> [u8; TAG_LEN] {
+        // Encryption fails only for payloads over 2^38 bytes; datagrams are under 64 KiB.
+        self.cipher
+            .encrypt_in_place_detached(&Self::nonce(number), header, payload)
+            .expect("a datagram is far below the AEAD's length limit")
+            .into()
+    }
+
+    fn open(&self, number: u64, header: &[u8], payload: &mut [u8], tag: &[u8]) -> bool {
+        self.cipher
+            .decrypt_in_place_detached(&Self::nonce(number), header, payload, Tag::from_slice(tag))
+            .is_ok()
+    }
+
+    /// Noise `REKEY(k)`: the first 32 bytes of `ENCRYPTWITHAD(k, 2^64-1, "", zeros(32))`.
+    fn next(&self) -> Self {
+        let mut block = [0u8; KEY_LEN];
+        self.cipher
+            .encrypt_in_place_detached(&Self::nonce(u64::MAX), &[], &mut block)
+            .expect("32 bytes are within the AEAD's length limit");
+        Self::new(block)
+    }
+}
+
+impl Drop for PacketKey {
+    fn drop(&mut self) {
+        for b in &mut self.key {
+            // SAFETY: `b` is a valid, aligned, exclusive reference to a byte.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
+    }
+}
+
+/// The session keys of a connection, both directions, with key phases.
+pub(crate) struct Keys {
+    send: PacketKey,
+    send_phase: bool,
+    send_packets: u64,
+    send_since: Option<Instant>,
+    recv: PacketKey,
+    recv_phase: bool,
+    /// The key the peer will use after its next update, precomputed.
+    recv_next: PacketKey,
+    /// The key before the peer's last update, for packets reordered across it, and when to
+    /// forget it.
+    recv_previous: Option<(PacketKey, Instant)>,
+}
+
+/// How long the previous receive key is kept after the peer updates: packets sent before the
+/// update may still be in flight, reordered or retransmitted late.
+const PREVIOUS_KEY_GRACE: Duration = Duration::from_secs(5);
+
+impl Keys {
+    fn from_handshake(mut hs: snow::HandshakeState) -> Self {
+        let initiator = hs.is_initiator();
+        let (i_to_r, r_to_i) = hs.dangerously_get_raw_split();
+        let (send, recv) = if initiator {
+            (i_to_r, r_to_i)
+        } else {
+            (r_to_i, i_to_r)
+        };
+        let recv = PacketKey::new(recv);
+        Self {
+            send: PacketKey::new(send),
+            send_phase: false,
+            send_packets: 0,
+            send_since: None,
+            recv_next: recv.next(),
+            recv,
+            recv_phase: false,
+            recv_previous: None,
+        }
+    }
+
+    /// The key phase the next sealed packet carries. Updates the send key first when the
+    /// current one has sealed enough packets or is old enough.
+    pub(crate) fn send_phase(&mut self, now: Instant) -> bool {
+        let since = *self.send_since.get_or_insert(now);
+        if self.send_packets >= KEY_UPDATE_PACKETS
+            || now.saturating_duration_since(since) >= KEY_UPDATE_INTERVAL
+        {
+            self.send = self.send.next();
+            self.send_phase = !self.send_phase;
+            self.send_packets = 0;
+            self.send_since = Some(now);
+        }
+        self.send_phase
+    }
+
+    /// Encrypts `payload` in place and returns the tag to append.
+    pub(crate) fn seal(&mut self, number: u64, header: &[u8], payload: &mut [u8]) -> [u8; TAG_LEN] {
+        self.send_packets += 1;
+        self.send.seal(number, header, payload)
+    }
+
+    /// Authenticates and decrypts `payload` in place. On failure the payload is garbage and the
+    /// packet must be dropped silently.
+    pub(crate) fn open(
+        &mut self,
+        now: Instant,
+        phase: bool,
+        number: u64,
+        header: &[u8],
+        payload: &mut [u8],
+        tag: &[u8],
+    ) -> bool {
+        if self
+            .recv_previous
+            .as_ref()
+            .is_some_and(|(_, until)| now >= *until)
+        {
+            self.recv_previous = None;
+        }
+        if phase == self.recv_phase {
+            return self.recv.open(number, header, payload, tag);
+        }
+        // A packet of the other phase: reordered from before the peer's last update, or the
+        // first of its next one. The AEAD checks the tag before it decrypts, so a failed
+        // attempt leaves the bytes as they were for the second.
+        if let Some((previous, _)) = &self.recv_previous {
+            if previous.open(number, header, payload, tag) {
+                return true;
+            }
+        }
+        if !self.recv_next.open(number, header, payload, tag) {
+            return false;
+        }
+        let next = self.recv_next.next();
+        let current = std::mem::replace(&mut self.recv_next, next);
+        let old = std::mem::replace(&mut self.recv, current);
+        self.recv_previous = Some((old, now + PREVIOUS_KEY_GRACE));
+        self.recv_phase = phase;
+        true
+    }
+}
+
+impl fmt::Debug for Keys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keys")
+            .field("send_phase", &self.send_phase)
+            .field("send_packets", &self.send_packets)
+            .field("recv_phase", &self.recv_phase)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Keys, Keys) {
+        let (a, b) = (SecretKey::generate(), SecretKey::generate());
+        let mut m1 = [0u8; 256];
+        let (hs, n1) = initiate(&a, &b.public_key(), b"hello", &mut m1).unwrap();
+        let mut payload = [0u8; 64];
+        let (rhs, peer, n) = accept(&b, &m1[..n1], &mut payload).unwrap();
+        assert_eq!(peer, a.public_key());
+        assert_eq!(&payload[..n], b"hello");
+        let mut m2 = [0u8; 256];
+        let (rkeys, n2) = respond(rhs, b"", &mut m2).unwrap();
+        assert!(n2 <= n1, "the answer is never larger than the request");
+        let (ikeys, _) = finish(hs, &m2[..n2], &mut payload).unwrap();
+        (ikeys, rkeys)
+    }
+
+    #[test]
+    fn keys_parse_and_print_as_base64() {
+        let secret = SecretKey::generate();
+        let again: SecretKey = secret.to_base64().parse().unwrap();
+        assert_eq!(again.public_key(), secret.public_key());
+        let public = secret.public_key();
+        assert_eq!(public.to_string().parse::<PublicKey>(), Ok(public));
+        assert_eq!(format!("{secret:?}"), "SecretKey(***)");
+        assert_eq!("AAAA".parse::<PublicKey>(), Err(KeyError::Length(3)));
+        assert!(matches!(
+            "!!".parse::<PublicKey>(),
+            Err(KeyError::Base64(_))
+        ));
+    }
+
+    #[test]
+    fn a_handshake_with_the_wrong_responder_key_fails() {
+        let (a, b, c) = (
+            SecretKey::generate(),
+            SecretKey::generate(),
+            SecretKey::generate(),
+        );
+        let mut m1 = [0u8; 256];
+        let (_, n1) = initiate(&a, &c.public_key(), b"", &mut m1).unwrap();
+        assert!(accept(&b, &m1[..n1], &mut [0u8; 64]).is_err());
+    }
+
+    #[test]
+    fn sealed_packets_open_only_unmodified() {
+        let (mut i, mut r) = pair();
+        let now = crate::test_epoch();
+        let header = [3u8, 0, 0, 0, 1];
+        let mut data = *b"stream bytes";
+        let phase = i.send_phase(now);
+        let tag = i.seal(7, &header, &mut data);
+        assert_ne!(&data, b"stream bytes");
+        let mut copy = data;
+        assert!(r.open(now, phase, 7, &header, &mut copy, &tag));
+        assert_eq!(&copy, b"stream bytes");
+        // A different nonce, header, or ciphertext fails.
+        let mut copy = data;
+        assert!(!r.open(now, phase, 8, &header, &mut copy, &tag));
+        let mut copy = data;
+        assert!(!r.open(now, phase, 7, &[3, 0, 0, 0, 2], &mut copy, &tag));
+        let mut copy = data;
+        copy[0] ^= 1;
+        assert!(!r.open(now, phase, 7, &header, &mut copy, &tag));
+    }
+
+    #[test]
+    fn key_updates_are_followed_and_old_packets_still_open_for_a_while() {
+        let (mut i, mut r) = pair();
+        let t0 = crate::test_epoch();
+        let seal = |keys: &mut Keys, now: Instant, n: u64| {
+            let phase = keys.send_phase(now);
+            let mut data = n.to_be_bytes();
+            let tag = keys.seal(n, &[], &mut data);
+            (phase, data, tag)
+        };
+        let early = seal(&mut i, t0, 1);
+        let t1 = t0 + KEY_UPDATE_INTERVAL;
+        let late = seal(&mut i, t1, 2);
+        assert_ne!(early.0, late.0, "the phase flips after the interval");
+        let (phase, mut data, tag) = late;
+        assert!(r.open(t1, phase, 2, &[], &mut data, &tag));
+        // The packet sealed before the update arrives afterwards, within the grace period.
+        let (phase, mut data, tag) = early;
+        assert!(r.open(t1, phase, 1, &[], &mut data, &tag));
+        assert_eq!(data, 1u64.to_be_bytes());
+        // After the grace period the previous key is gone.
+        let (phase, mut data, tag) = seal(&mut i, t1, 3);
+        assert!(r.open(t1 + PREVIOUS_KEY_GRACE, phase, 3, &[], &mut data, &tag));
+        let (_, mut data, tag) = early;
+        assert!(!r.open(t1 + PREVIOUS_KEY_GRACE, !phase, 1, &[], &mut data, &tag));
+    }
+}

@@ -1,0 +1,182 @@
+//! Packet headers (PROTOCOL.md §2): what is readable before decryption.
+//!
+//! Three packet types share the first byte. Handshake packets carry the Noise messages; data
+//! packets carry the receiver's connection id, in the clear, so that one socket can serve many
+//! peers and a peer may change address, and the packet number, which is the AEAD nonce.
+
+use crate::coding::{Reader, Truncated, Writer};
+
+/// The protocol version this implementation speaks. Handshake packets carry it; a peer speaking
+/// another version gets no answer (answering would let a forged packet draw traffic).
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// Type byte of a handshake initiation.
+const TYPE_INITIATION: u8 = 0x01;
+/// Type byte of a handshake response.
+const TYPE_RESPONSE: u8 = 0x02;
+/// Type of a data packet; the top bit of the byte is the key phase.
+const TYPE_DATA: u8 = 0x03;
+const KEY_PHASE_BIT: u8 = 0x80;
+
+/// Bytes in a data packet's header: type, receiver id, packet number.
+pub(crate) const DATA_HEADER_LEN: usize = 1 + 4 + 8;
+/// Bytes of an initiation before the Noise message: type, version, sender id.
+pub(crate) const INITIATION_HEADER_LEN: usize = 1 + 1 + 4;
+/// Bytes of a response before the Noise message: type, version, sender id, receiver id.
+pub(crate) const RESPONSE_HEADER_LEN: usize = 1 + 1 + 4 + 4;
+
+/// A datagram's header, parsed; the rest of the datagram follows at `header_len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Header {
+    Initiation { sender: u32 },
+    Response { sender: u32, receiver: u32 },
+    Data(DataHeader),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DataHeader {
+    pub(crate) receiver: u32,
+    pub(crate) key_phase: bool,
+    pub(crate) number: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HeaderError {
+    #[error("truncated header")]
+    Truncated,
+    #[error("unknown packet type {0:#04x}")]
+    UnknownType(u8),
+    #[error("unsupported protocol version {0}")]
+    Version(u8),
+}
+
+impl From<Truncated> for HeaderError {
+    fn from(_: Truncated) -> Self {
+        Self::Truncated
+    }
+}
+
+impl Header {
+    /// Parses the header at the start of `datagram`.
+    pub(crate) fn parse(datagram: &[u8]) -> Result<Self, HeaderError> {
+        let mut r = Reader::new(datagram);
+        let first = r.u8()?;
+        match first & !KEY_PHASE_BIT {
+            TYPE_DATA => Ok(Self::Data(DataHeader {
+                receiver: r.u32()?,
+                key_phase: first & KEY_PHASE_BIT != 0,
+                number: r.u64()?,
+            })),
+            TYPE_INITIATION | TYPE_RESPONSE if first & KEY_PHASE_BIT != 0 => {
+                Err(HeaderError::UnknownType(first))
+            }
+            TYPE_INITIATION => {
+                check_version(r.u8()?)?;
+                Ok(Self::Initiation { sender: r.u32()? })
+            }
+            TYPE_RESPONSE => {
+                check_version(r.u8()?)?;
+                Ok(Self::Response {
+                    sender: r.u32()?,
+                    receiver: r.u32()?,
+                })
+            }
+            _ => Err(HeaderError::UnknownType(first)),
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        match self {
+            Self::Initiation { .. } => INITIATION_HEADER_LEN,
+            Self::Response { .. } => RESPONSE_HEADER_LEN,
+            Self::Data(_) => DATA_HEADER_LEN,
+        }
+    }
+
+    pub(crate) fn emit(&self, w: &mut Writer<'_>) {
+        match *self {
+            Self::Initiation { sender } => {
+                w.u8(TYPE_INITIATION);
+                w.u8(PROTOCOL_VERSION);
+                w.u32(sender);
+            }
+            Self::Response { sender, receiver } => {
+                w.u8(TYPE_RESPONSE);
+                w.u8(PROTOCOL_VERSION);
+                w.u32(sender);
+                w.u32(receiver);
+            }
+            Self::Data(DataHeader {
+                receiver,
+                key_phase,
+                number,
+            }) => {
+                w.u8(TYPE_DATA | if key_phase { KEY_PHASE_BIT } else { 0 });
+                w.u32(receiver);
+                w.u64(number);
+            }
+        }
+    }
+}
+
+fn check_version(version: u8) -> Result<(), HeaderError> {
+    if version == PROTOCOL_VERSION {
+        Ok(())
+    } else {
+        Err(HeaderError::Version(version))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn round_trip(header: Header) {
+        let mut buf = [0u8; 32];
+        let mut w = Writer::new(&mut buf);
+        header.emit(&mut w);
+        assert_eq!(w.len(), header.len());
+        assert_eq!(Header::parse(&buf[..header.len()]), Ok(header));
+        for cut in 0..header.len() {
+            assert_eq!(Header::parse(&buf[..cut]), Err(HeaderError::Truncated));
+        }
+    }
+
+    #[test]
+    fn headers_round_trip_and_truncations_are_errors() {
+        round_trip(Header::Initiation { sender: 7 });
+        round_trip(Header::Response {
+            sender: 1,
+            receiver: u32::MAX,
+        });
+        for key_phase in [false, true] {
+            round_trip(Header::Data(DataHeader {
+                receiver: 0xdead_beef,
+                key_phase,
+                number: u64::MAX - 1,
+            }));
+        }
+    }
+
+    #[test]
+    fn other_versions_and_types_are_refused() {
+        assert_eq!(
+            Header::parse(&[TYPE_INITIATION, 2, 0, 0, 0, 0]),
+            Err(HeaderError::Version(2))
+        );
+        assert_eq!(Header::parse(&[0x04]), Err(HeaderError::UnknownType(4)));
+        assert_eq!(
+            Header::parse(&[TYPE_RESPONSE | KEY_PHASE_BIT]),
+            Err(HeaderError::UnknownType(0x82))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_parse_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = Header::parse(&bytes);
+        }
+    }
+}

@@ -1,0 +1,988 @@
+//! Streams: many ordered byte streams in one connection, each carrying one TCP connection.
+//!
+//! A stream is opened by either side with [`StreamMeta`] (the original addresses, a scenario id
+//! and an application hint), carries bytes both ways with per-stream and per-connection flow
+//! control, can be half-closed (finish) and reset (abort both ways). This module holds all
+//! stream state; the connection asks it for frames to send and feeds it frames received.
+//!
+//! Scheduling: streams with something to send wait in one of eight priority levels; the
+//! highest non-empty level is served first, and inside a level deficit round robin shares the
+//! bytes in proportion to each stream's weight (equal by default). A stream may also have a
+//! rate cap (a token bucket). The shaper drives these through [`Schedule`].
+
+mod recv;
+mod send;
+
+use crate::coding::Writer;
+use crate::frame::{self, StreamFrame};
+use recv::{RecvBuf, RecvError};
+use send::SendBuf;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Identifies a stream within a connection. The low bit tells which side opened it (0: the
+/// side that initiated the connection); the rest is a counter, never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub(crate) u64);
+
+impl StreamId {
+    fn new(initiator: bool, index: u64) -> Self {
+        Self(index << 1 | u64::from(!initiator))
+    }
+
+    /// Whether the connection's initiator opened this stream.
+    pub fn opened_by_initiator(self) -> bool {
+        self.0 & 1 == 0
+    }
+
+    fn index(self) -> u64 {
+        self.0 >> 1
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl From<StreamId> for u64 {
+    fn from(id: StreamId) -> u64 {
+        id.0
+    }
+}
+
+/// What a stream carries besides its bytes, sent when it is opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamMeta {
+    /// The TCP client's address, as the gateway that accepted it saw it.
+    pub source: Option<SocketAddr>,
+    /// The address the client connected to: where the far gateway re-originates.
+    pub destination: Option<SocketAddr>,
+    /// The shaping scenario the connection was classified into.
+    pub scenario: u32,
+    /// Up to [`frame::MAX_HINT_LEN`] bytes for the application (e.g. "smb2").
+    pub hint: Vec<u8>,
+}
+
+/// How the scheduler treats a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// 0 (served first) to 7.
+    pub priority: u8,
+    /// Share of the bytes relative to other streams of the same priority; at least 1.
+    pub weight: u32,
+    /// A cap on the stream's sending rate, bytes per second.
+    pub max_rate: Option<u64>,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Self {
+            priority: 3,
+            weight: 1,
+            max_rate: None,
+        }
+    }
+}
+
+/// Priority levels.
+const LEVELS: usize = 8;
+/// Bytes of credit a weight-1 stream gets per round-robin turn.
+const QUANTUM: i64 = 1200;
+
+/// Errors of the stream API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StreamError {
+    /// No such stream (never opened, or closed and forgotten).
+    #[error("unknown or closed stream")]
+    UnknownStream,
+    /// Nothing can be done now: no data to read, or no buffer space to write. An event says
+    /// when to try again.
+    #[error("blocked")]
+    Blocked,
+    /// The stream was finished; nothing more can be written.
+    #[error("stream already finished")]
+    Finished,
+    /// The stream was reset with this code.
+    #[error("stream reset with code {0}")]
+    Reset(u64),
+    /// The peer allows no more streams now.
+    #[error("the peer's stream limit is reached")]
+    TooManyStreams,
+    /// The hint is longer than [`frame::MAX_HINT_LEN`].
+    #[error("hint longer than 255 bytes")]
+    HintTooLong,
+}
+
+/// Stream happenings the connection reports as events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamEvent {
+    Opened(StreamId),
+    Readable(StreamId),
+    Writable(StreamId),
+    Reset { id: StreamId, code: u64 },
+}
+
+/// What a sent packet carried for streams, to act on when it is acknowledged or lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamFrameSent {
+    Data {
+        id: StreamId,
+        offset: u64,
+        len: u32,
+        fin: bool,
+    },
+    Open(StreamId),
+    Reset(StreamId),
+    MaxStreamData(StreamId),
+    MaxData,
+    MaxStreams,
+}
+
+/// A protocol violation found in the peer's stream frames: closes the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum StreamViolation {
+    #[error("stream {0} beyond the stream limit")]
+    StreamLimit(StreamId),
+    #[error("frame for stream {0} that the peer could not have opened")]
+    NotOpenedByPeer(StreamId),
+    #[error("stream {0}: {1}")]
+    Recv(StreamId, RecvError),
+    #[error("connection flow control exceeded")]
+    ConnectionFlowControl,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpenState {
+    /// Opened by the peer (no OPEN to send).
+    Remote,
+    Pending,
+    Sent,
+    Acked,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResetState {
+    None,
+    /// We reset it: RESET waiting to be sent (or re-sent), or in flight.
+    LocalPending {
+        code: u64,
+    },
+    LocalSent {
+        code: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Stream {
+    meta: Option<StreamMeta>,
+    open: OpenState,
+    send: SendBuf,
+    /// Highest offset the peer lets us send.
+    send_max: u64,
+    recv: RecvBuf,
+    /// Highest offset we let the peer send.
+    recv_max: u64,
+    max_stream_data_queued: bool,
+    reset: ResetState,
+    schedule: Schedule,
+    deficit: i64,
+    queued: bool,
+    bucket: Option<TokenBucket>,
+    readable_notified: bool,
+    write_blocked: bool,
+}
+
+impl Stream {
+    fn new(open: OpenState, meta: Option<StreamMeta>, send_max: u64, recv_max: u64) -> Self {
+        Self {
+            meta,
+            open,
+            send: SendBuf::default(),
+            send_max,
+            recv: RecvBuf::default(),
+            recv_max,
+            max_stream_data_queued: false,
+            reset: ResetState::None,
+            schedule: Schedule::default(),
+            deficit: 0,
+            queued: false,
+            bucket: None,
+            readable_notified: false,
+            write_blocked: false,
+        }
+    }
+
+    fn wants_to_send(&self, conn_credit: u64) -> bool {
+        if self.reset != ResetState::None {
+            return false;
+        }
+        let limit = self.send_max.min(self.send.sent_offset() + conn_credit);
+        self.open == OpenState::Pending || self.send.has_pending(limit)
+    }
+
+    /// Both directions are over and nothing more needs to be sent or kept.
+    fn is_closed(&self) -> bool {
+        let open_done = matches!(self.open, OpenState::Remote | OpenState::Acked);
+        open_done
+            && self.send.is_done()
+            && self.recv.is_finished()
+            && self.reset == ResetState::None
+    }
+}
+
+/// Limits and windows of the stream layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamLimits {
+    /// Streams the peer may have open at once.
+    pub(crate) max_remote_streams: u64,
+    /// Receive window per stream and for the connection.
+    pub(crate) stream_window: u64,
+    pub(crate) connection_window: u64,
+    /// Unacknowledged bytes a stream, and all streams together, may buffer for sending.
+    pub(crate) stream_send_buffer: u64,
+    pub(crate) connection_send_buffer: u64,
+}
+
+/// The peer's limits, from its handshake.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerLimits {
+    pub(crate) max_streams: u64,
+    pub(crate) stream_window: u64,
+    pub(crate) connection_window: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Streams {
+    initiator: bool,
+    limits: StreamLimits,
+    peer: PeerLimits,
+    map: HashMap<StreamId, Stream>,
+    next_local: u64,
+    next_remote: u64,
+    /// Total local streams the peer allows (cumulative).
+    max_local: u64,
+    /// Total remote streams we allow (cumulative), and how many of them closed.
+    max_remote: u64,
+    remote_closed: u64,
+    max_streams_queued: bool,
+    /// New bytes sent on all streams, and the peer's limit for them.
+    sent_data: u64,
+    send_max_data: u64,
+    /// Highest offsets received on all streams, what the application consumed, and our limit.
+    received_data: u64,
+    consumed_data: u64,
+    recv_max_data: u64,
+    max_data_queued: bool,
+    /// Bytes buffered for sending on all streams.
+    buffered: u64,
+    levels: [VecDeque<StreamId>; LEVELS],
+    /// Streams whose rate cap stopped them, and when they may send again.
+    throttled: Vec<(StreamId, Instant)>,
+    resets: VecDeque<StreamId>,
+    max_stream_data: VecDeque<StreamId>,
+    write_blocked: Vec<StreamId>,
+    events: VecDeque<StreamEvent>,
+}
+
+impl Streams {
+    pub(crate) fn new(initiator: bool, limits: StreamLimits, peer: PeerLimits) -> Self {
+        Self {
+            initiator,
+            limits,
+            peer,
+            map: HashMap::new(),
+            next_local: 0,
+            next_remote: 0,
+            max_local: peer.max_streams,
+            max_remote: limits.max_remote_streams,
+            remote_closed: 0,
+            max_streams_queued: false,
+            sent_data: 0,
+            send_max_data: peer.connection_window,
+            received_data: 0,
+            consumed_data: 0,
+            recv_max_data: limits.connection_window,
+            max_data_queued: false,
+            buffered: 0,
+            levels: Default::default(),
+            throttled: Vec::new(),
+            resets: VecDeque::new(),
+            max_stream_data: VecDeque::new(),
+            write_blocked: Vec::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// The peer's limits arrived with its handshake message.
+    pub(crate) fn set_peer_limits(&mut self, peer: PeerLimits) {
+        self.peer = peer;
+        self.max_local = self.max_local.max(peer.max_streams);
+        self.send_max_data = self.send_max_data.max(peer.connection_window);
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<StreamEvent> {
+        self.events.pop_front()
+    }
+
+    /// Streams currently open (including ones closing).
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn open(&mut self, meta: StreamMeta) -> Result<StreamId, StreamError> {
+        if meta.hint.len() > frame::MAX_HINT_LEN {
+            return Err(StreamError::HintTooLong);
+        }
+        if self.next_local >= self.max_local {
+            return Err(StreamError::TooManyStreams);
+        }
+        let id = StreamId::new(self.initiator, self.next_local);
+        self.next_local += 1;
+        let stream = Stream::new(
+            OpenState::Pending,
+            Some(meta),
+            self.peer.stream_window,
+            self.limits.stream_window,
+        );
+        self.map.insert(id, stream);
+        self.enqueue(id);
+        Ok(id)
+    }
+
+    pub(crate) fn meta(&self, id: StreamId) -> Option<&StreamMeta> {
+        self.map.get(&id)?.meta.as_ref()
+    }
+
+    pub(crate) fn set_schedule(
+        &mut self,
+        id: StreamId,
+        schedule: Schedule,
+    ) -> Result<(), StreamError> {
+        let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        let schedule = Schedule {
+            priority: schedule.priority.min(LEVELS as u8 - 1),
+            weight: schedule.weight.max(1),
+            max_rate: schedule.max_rate,
+        };
+        let moved = stream.queued && stream.schedule.priority != schedule.priority;
+        if moved {
+            let level = &mut self.levels[usize::from(stream.schedule.priority)];
+            level.retain(|&s| s != id);
+            stream.queued = false;
+        }
+        stream.bucket = schedule.max_rate.map(TokenBucket::new);
+        stream.schedule = schedule;
+        if moved {
+            self.enqueue(id);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
+        let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if let ResetState::LocalPending { code } | ResetState::LocalSent { code } = stream.reset {
+            return Err(StreamError::Reset(code));
+        }
+        if stream.send.is_finished() {
+            return Err(StreamError::Finished);
+        }
+        let stream_room = self
+            .limits
+            .stream_send_buffer
+            .saturating_sub(stream.send.buffered() as u64);
+        let conn_room = self
+            .limits
+            .connection_send_buffer
+            .saturating_sub(self.buffered);
+        let room = stream_room.min(conn_room) as usize;
+        let n = stream.send.write(data, room);
+        if n == 0 && !data.is_empty() {
+            if !stream.write_blocked {
+                stream.write_blocked = true;
+                self.write_blocked.push(id);
+            }
+            return Err(StreamError::Blocked);
+        }
+        self.buffered += n as u64;
+        self.enqueue(id);
+        Ok(n)
+    }
+
+    pub(crate) fn finish(&mut self, id: StreamId) -> Result<(), StreamError> {
+        let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if let ResetState::LocalPending { code } | ResetState::LocalSent { code } = stream.reset {
+            return Err(StreamError::Reset(code));
+        }
+        stream.send.finish();
+        self.enqueue(id);
+        Ok(())
+    }
+
+    /// Reads into `buf`: `Ok(Some(n))` bytes, `Ok(None)` at the end of the stream.
+    pub(crate) fn read(
+        &mut self,
+        id: StreamId,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, StreamError> {
+        let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if let ResetState::LocalPending { code } | ResetState::LocalSent { code } = stream.reset {
+            return Err(StreamError::Reset(code));
+        }
+        let n = stream.recv.read(buf);
+        if n == 0 {
+            stream.readable_notified = false;
+            if stream.recv.is_finished() {
+                self.maybe_close(id);
+                return Ok(None);
+            }
+            return Err(StreamError::Blocked);
+        }
+        if stream.recv.readable() == 0 {
+            stream.readable_notified = false;
+        }
+        // Credit: move the stream's window when half of it was consumed.
+        let consumed = stream.recv.read_offset();
+        if stream.recv.final_size().is_none()
+            && stream.recv_max - consumed < self.limits.stream_window / 2
+        {
+            stream.recv_max = consumed + self.limits.stream_window;
+            if !stream.max_stream_data_queued {
+                stream.max_stream_data_queued = true;
+                self.max_stream_data.push_back(id);
+            }
+        }
+        let finished = stream.recv.is_finished();
+        self.consume(n as u64);
+        if finished {
+            self.maybe_close(id);
+        }
+        Ok(Some(n))
+    }
+
+    fn consume(&mut self, n: u64) {
+        self.consumed_data += n;
+        if self.recv_max_data - self.consumed_data < self.limits.connection_window / 2 {
+            self.recv_max_data = self.consumed_data + self.limits.connection_window;
+            self.max_data_queued = true;
+        }
+    }
+
+    /// Aborts the stream both ways: buffered data is dropped and the peer is told.
+    pub(crate) fn reset(&mut self, id: StreamId, code: u64) -> Result<(), StreamError> {
+        let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
+        if stream.reset != ResetState::None {
+            return Ok(());
+        }
+        self.buffered -= stream.send.buffered() as u64;
+        stream.send.clear();
+        let unread = stream.recv.highest() - stream.recv.read_offset();
+        stream.recv.clear();
+        stream.reset = ResetState::LocalPending { code };
+        self.resets.push_back(id);
+        self.consume(unread);
+        Ok(())
+    }
+
+    pub(crate) fn readable(&self, id: StreamId) -> bool {
+        self.map
+            .get(&id)
+            .is_some_and(|s| s.recv.readable() > 0 || s.recv.is_finished())
+    }
+
+    fn enqueue(&mut self, id: StreamId) {
+        let conn_credit = self.send_max_data - self.sent_data;
+        let Some(stream) = self.map.get_mut(&id) else {
+            return;
+        };
+        if !stream.queued && stream.wants_to_send(conn_credit) {
+            stream.queued = true;
+            self.levels[usize::from(stream.schedule.priority)].push_back(id);
+        }
+    }
+
+    fn maybe_close(&mut self, id: StreamId) {
+        let Some(stream) = self.map.get(&id) else {
+            return;
+        };
+        if !stream.is_closed() {
+            return;
+        }
+        self.remove(id);
+    }
+
+    fn remove(&mut self, id: StreamId) {
+        let Some(stream) = self.map.remove(&id) else {
+            return;
+        };
+        self.buffered -= stream.send.buffered() as u64;
+        if stream.queued {
+            self.levels[usize::from(stream.schedule.priority)].retain(|&s| s != id);
+        }
+        if id.opened_by_initiator() != self.initiator {
+            self.remote_closed += 1;
+            let max = self.remote_closed + self.limits.max_remote_streams;
+            if max > self.max_remote {
+                self.max_remote = max;
+                self.max_streams_queued = true;
+            }
+        }
+    }
+
+    /// Whether any stream frame or credit is waiting to be sent.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.max_data_queued
+            || self.max_streams_queued
+            || !self.resets.is_empty()
+            || !self.max_stream_data.is_empty()
+            || self.levels.iter().any(|l| !l.is_empty())
+    }
+
+    /// When a rate-capped stream may send again.
+    pub(crate) fn next_unthrottle(&self) -> Option<Instant> {
+        self.throttled.iter().map(|&(_, at)| at).min()
+    }
+
+    /// Writes control frames (credit, resets) that fit in `w`, recording them in `sent`.
+    pub(crate) fn write_control_frames(
+        &mut self,
+        w: &mut Writer<'_>,
+        sent: &mut Vec<StreamFrameSent>,
+    ) {
+        if self.max_data_queued {
+            let values = [self.recv_max_data];
+            if frame::varint_frame_len(frame::MAX_DATA, &values) <= w.remaining() {
+                frame::emit_varint_frame(w, frame::MAX_DATA, &values);
+                sent.push(StreamFrameSent::MaxData);
+                self.max_data_queued = false;
+            }
+        }
+        if self.max_streams_queued {
+            let values = [self.max_remote];
+            if frame::varint_frame_len(frame::MAX_STREAMS, &values) <= w.remaining() {
+                frame::emit_varint_frame(w, frame::MAX_STREAMS, &values);
+                sent.push(StreamFrameSent::MaxStreams);
+                self.max_streams_queued = false;
+            }
+        }
+        while let Some(&id) = self.max_stream_data.front() {
+            let Some(stream) = self.map.get_mut(&id) else {
+                self.max_stream_data.pop_front();
+                continue;
+            };
+            let values = [id.0, stream.recv_max];
+            if frame::varint_frame_len(frame::MAX_STREAM_DATA, &values) > w.remaining() {
+                break;
+            }
+            frame::emit_varint_frame(w, frame::MAX_STREAM_DATA, &values);
+            stream.max_stream_data_queued = false;
+            sent.push(StreamFrameSent::MaxStreamData(id));
+            self.max_stream_data.pop_front();
+        }
+        while let Some(&id) = self.resets.front() {
+            let Some(stream) = self.map.get_mut(&id) else {
+                self.resets.pop_front();
+                continue;
+            };
+            let ResetState::LocalPending { code } = stream.reset else {
+                self.resets.pop_front();
+                continue;
+            };
+            let values = [id.0, code, stream.send.written()];
+            if frame::varint_frame_len(frame::RESET, &values) > w.remaining() {
+                break;
+            }
+            frame::emit_varint_frame(w, frame::RESET, &values);
+            stream.reset = ResetState::LocalSent { code };
+            sent.push(StreamFrameSent::Reset(id));
+            self.resets.pop_front();
+        }
+    }
+
+    /// Writes OPEN and STREAM frames into `w` as the scheduler picks them, until `w` is full or
+    /// nothing is left; records them in `sent`. Returns the stream bytes written.
+    pub(crate) fn write_stream_frames(
+        &mut self,
+        now: Instant,
+        w: &mut Writer<'_>,
+        sent: &mut Vec<StreamFrameSent>,
+    ) -> usize {
+        self.release_throttled(now);
+        let mut total = 0;
+        'levels: for level in 0..LEVELS {
+            while let Some(&id) = self.levels[level].front() {
+                // The smallest useful frame: a header and a few bytes.
+                if w.remaining() < 24 {
+                    break 'levels;
+                }
+                let conn_credit = self.send_max_data - self.sent_data;
+                let Some(stream) = self.map.get_mut(&id) else {
+                    self.levels[level].pop_front();
+                    continue;
+                };
+                if !stream.wants_to_send(conn_credit) {
+                    stream.queued = false;
+                    stream.deficit = 0;
+                    self.levels[level].pop_front();
+                    continue;
+                }
+                if let Some(bucket) = &mut stream.bucket {
+                    if let Some(at) = bucket.ready_at(now) {
+                        stream.queued = false;
+                        self.levels[level].pop_front();
+                        self.throttled.push((id, at));
+                        continue;
+                    }
+                }
+                if stream.deficit <= 0 {
+                    stream.deficit += QUANTUM * i64::from(stream.schedule.weight);
+                    self.levels[level].rotate_left(1);
+                    continue;
+                }
+                if stream.open == OpenState::Pending {
+                    let meta = stream
+                        .meta
+                        .as_ref()
+                        .expect("local streams carry their metadata");
+                    if frame::open_len(id, meta) > w.remaining() {
+                        break 'levels;
+                    }
+                    frame::emit_open(w, id, meta);
+                    stream.open = OpenState::Sent;
+                    sent.push(StreamFrameSent::Open(id));
+                }
+                let limit = stream.send_max.min(stream.send.sent_offset() + conn_credit);
+                let before = stream.send.sent_offset();
+                let header = frame::stream_header_len(id, stream.send.written(), w.remaining());
+                let room = w.remaining().saturating_sub(header);
+                if let Some(chunk) = stream.send.next_chunk(room, limit) {
+                    frame::emit_stream_header(w, id, chunk.offset, chunk.len, chunk.fin);
+                    stream.send.copy(chunk.offset, w.reserve(chunk.len));
+                    sent.push(StreamFrameSent::Data {
+                        id,
+                        offset: chunk.offset,
+                        len: chunk.len as u32,
+                        fin: chunk.fin,
+                    });
+                    stream.deficit -= chunk.len as i64;
+                    if let Some(bucket) = &mut stream.bucket {
+                        bucket.take(now, chunk.len as u64);
+                    }
+                    total += chunk.len;
+                    self.sent_data += stream.send.sent_offset() - before;
+                }
+                if !stream.wants_to_send(self.send_max_data - self.sent_data) {
+                    stream.queued = false;
+                    stream.deficit = 0;
+                    self.levels[level].pop_front();
+                }
+            }
+        }
+        total
+    }
+
+    fn release_throttled(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.throttled.len() {
+            if self.throttled[i].1 <= now {
+                let (id, _) = self.throttled.swap_remove(i);
+                self.enqueue(id);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// A packet carrying `frame` was acknowledged.
+    pub(crate) fn on_acked(&mut self, frame: StreamFrameSent) {
+        match frame {
+            StreamFrameSent::Data {
+                id,
+                offset,
+                len,
+                fin,
+            } => {
+                let Some(stream) = self.map.get_mut(&id) else {
+                    return;
+                };
+                let before = stream.send.buffered();
+                stream.send.ack(offset, u64::from(len), fin);
+                let freed = before - stream.send.buffered();
+                self.buffered -= freed as u64;
+                if freed > 0 {
+                    self.wake_writers();
+                }
+                self.maybe_close(id);
+            }
+            StreamFrameSent::Open(id) => {
+                if let Some(stream) = self.map.get_mut(&id) {
+                    stream.open = OpenState::Acked;
+                }
+                self.maybe_close(id);
+            }
+            StreamFrameSent::Reset(id) => {
+                if let Some(stream) = self.map.get(&id) {
+                    if matches!(stream.reset, ResetState::LocalSent { .. }) {
+                        self.remove_after_reset(id);
+                    }
+                }
+            }
+            StreamFrameSent::MaxStreamData(_)
+            | StreamFrameSent::MaxData
+            | StreamFrameSent::MaxStreams => {}
+        }
+    }
+
+    fn remove_after_reset(&mut self, id: StreamId) {
+        if let Some(stream) = self.map.get_mut(&id) {
+            stream.reset = ResetState::None;
+        }
+        self.remove(id);
+    }
+
+    fn wake_writers(&mut self) {
+        for id in self.write_blocked.drain(..) {
+            if let Some(stream) = self.map.get_mut(&id) {
+                stream.write_blocked = false;
+                self.events.push_back(StreamEvent::Writable(id));
+            }
+        }
+    }
+
+    /// A packet carrying `frame` was declared lost.
+    pub(crate) fn on_lost(&mut self, frame: StreamFrameSent) {
+        match frame {
+            StreamFrameSent::Data {
+                id,
+                offset,
+                len,
+                fin,
+            } => {
+                if let Some(stream) = self.map.get_mut(&id) {
+                    if stream.reset == ResetState::None {
+                        stream.send.lost(offset, u64::from(len), fin);
+                    }
+                }
+                self.enqueue(id);
+            }
+            StreamFrameSent::Open(id) => {
+                if let Some(stream) = self.map.get_mut(&id) {
+                    if stream.open == OpenState::Sent {
+                        stream.open = OpenState::Pending;
+                    }
+                }
+                self.enqueue(id);
+            }
+            StreamFrameSent::Reset(id) => {
+                if let Some(stream) = self.map.get_mut(&id) {
+                    if let ResetState::LocalSent { code } = stream.reset {
+                        stream.reset = ResetState::LocalPending { code };
+                        self.resets.push_back(id);
+                    }
+                }
+            }
+            StreamFrameSent::MaxStreamData(id) => {
+                if let Some(stream) = self.map.get_mut(&id) {
+                    if !stream.max_stream_data_queued && stream.recv.final_size().is_none() {
+                        stream.max_stream_data_queued = true;
+                        self.max_stream_data.push_back(id);
+                    }
+                }
+            }
+            StreamFrameSent::MaxData => self.max_data_queued = true,
+            StreamFrameSent::MaxStreams => self.max_streams_queued = true,
+        }
+    }
+
+    /// Finds or creates the state of a stream the peer refers to. `Ok(None)`: a closed stream;
+    /// the frame is stale and ignored.
+    fn remote_or_existing(&mut self, id: StreamId) -> Result<Option<&mut Stream>, StreamViolation> {
+        if id.opened_by_initiator() == self.initiator {
+            // One of ours.
+            if id.index() >= self.next_local {
+                return Err(StreamViolation::NotOpenedByPeer(id));
+            }
+            return Ok(self.map.get_mut(&id));
+        }
+        if id.index() >= self.max_remote {
+            return Err(StreamViolation::StreamLimit(id));
+        }
+        // Streams are opened in order: a frame for stream n opens all below it too.
+        while self.next_remote <= id.index() {
+            let new = StreamId::new(!self.initiator, self.next_remote);
+            self.next_remote += 1;
+            let stream = Stream::new(
+                OpenState::Remote,
+                None,
+                self.peer.stream_window,
+                self.limits.stream_window,
+            );
+            self.map.insert(new, stream);
+        }
+        Ok(self.map.get_mut(&id))
+    }
+
+    pub(crate) fn on_open(
+        &mut self,
+        id: StreamId,
+        meta: StreamMeta,
+    ) -> Result<(), StreamViolation> {
+        if id.opened_by_initiator() == self.initiator {
+            return Err(StreamViolation::NotOpenedByPeer(id));
+        }
+        let Some(stream) = self.remote_or_existing(id)? else {
+            return Ok(());
+        };
+        if stream.meta.is_some() {
+            return Ok(());
+        }
+        stream.meta = Some(meta);
+        let readable = stream.recv.readable() > 0 || stream.recv.is_finished();
+        stream.readable_notified = readable;
+        self.events.push_back(StreamEvent::Opened(id));
+        if readable {
+            self.events.push_back(StreamEvent::Readable(id));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_stream(&mut self, f: &StreamFrame<'_>) -> Result<(), StreamViolation> {
+        let id = f.id;
+        let Some(stream) = self.remote_or_existing(id)? else {
+            return Ok(());
+        };
+        if stream.reset != ResetState::None {
+            return Ok(());
+        }
+        let grown = stream
+            .recv
+            .insert(f.offset, f.data, f.fin, stream.recv_max)
+            .map_err(|e| StreamViolation::Recv(id, e))?;
+        let announce = stream.meta.is_some()
+            && !stream.readable_notified
+            && (stream.recv.readable() > 0 || stream.recv.is_finished());
+        if announce {
+            stream.readable_notified = true;
+        }
+        self.received_data += grown;
+        if self.received_data > self.recv_max_data {
+            return Err(StreamViolation::ConnectionFlowControl);
+        }
+        if announce {
+            self.events.push_back(StreamEvent::Readable(id));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_reset(
+        &mut self,
+        id: StreamId,
+        code: u64,
+        final_size: u64,
+    ) -> Result<(), StreamViolation> {
+        let Some(stream) = self.remote_or_existing(id)? else {
+            return Ok(());
+        };
+        let highest = stream.recv.highest();
+        if final_size < highest || final_size > stream.recv_max {
+            return Err(StreamViolation::Recv(id, RecvError::FinalSize));
+        }
+        let unread = final_size - stream.recv.read_offset();
+        let announced = stream.meta.is_some();
+        self.received_data += final_size - highest;
+        if self.received_data > self.recv_max_data {
+            return Err(StreamViolation::ConnectionFlowControl);
+        }
+        self.consume(unread);
+        if announced {
+            self.events.push_back(StreamEvent::Reset { id, code });
+        }
+        self.remove(id);
+        Ok(())
+    }
+
+    pub(crate) fn on_max_data(&mut self, max: u64) {
+        if max > self.send_max_data {
+            let was_blocked = self.send_max_data == self.sent_data;
+            self.send_max_data = max;
+            if was_blocked {
+                let ids: Vec<StreamId> = self.map.keys().copied().collect();
+                for id in ids {
+                    self.enqueue(id);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn on_max_stream_data(
+        &mut self,
+        id: StreamId,
+        max: u64,
+    ) -> Result<(), StreamViolation> {
+        let Some(stream) = self.remote_or_existing(id)? else {
+            return Ok(());
+        };
+        if max > stream.send_max {
+            stream.send_max = max;
+            self.enqueue(id);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn on_max_streams(&mut self, max: u64) {
+        self.max_local = self.max_local.max(max);
+    }
+}
+
+/// A token bucket for a stream's rate cap: `rate` bytes per second, up to 10 ms of burst.
+#[derive(Debug, Clone, Copy)]
+struct TokenBucket {
+    rate: u64,
+    tokens: i64,
+    updated: Option<Instant>,
+}
+
+const BUCKET_DEPTH: Duration = Duration::from_millis(10);
+
+impl TokenBucket {
+    fn new(rate: u64) -> Self {
+        Self {
+            rate: rate.max(1),
+            tokens: 0,
+            updated: None,
+        }
+    }
+
+    fn depth(&self) -> i64 {
+        crate::congestion::bytes_in(self.rate, BUCKET_DEPTH).max(1500) as i64
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = self
+            .updated
+            .map_or(BUCKET_DEPTH, |t| now.saturating_duration_since(t));
+        let add = crate::congestion::bytes_in(self.rate, elapsed) as i64;
+        self.tokens = (self.tokens + add).min(self.depth());
+        self.updated = Some(now);
+    }
+
+    /// When tokens will be available, if not now.
+    fn ready_at(&mut self, now: Instant) -> Option<Instant> {
+        self.refill(now);
+        if self.tokens > 0 {
+            return None;
+        }
+        let missing = (1 - self.tokens) as u64;
+        let nanos = u128::from(missing) * 1_000_000_000 / u128::from(self.rate);
+        Some(now + Duration::from_nanos(nanos.min(u128::from(u64::MAX)) as u64))
+    }
+
+    fn take(&mut self, now: Instant, bytes: u64) {
+        self.refill(now);
+        self.tokens -= bytes as i64;
+    }
+}

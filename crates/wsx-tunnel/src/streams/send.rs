@@ -1,0 +1,268 @@
+//! A stream's send side: the bytes written but not yet acknowledged, what is still unsent and
+//! what must be sent again.
+
+use crate::range_set::RangeSet;
+use std::collections::VecDeque;
+
+#[derive(Debug, Default)]
+pub(crate) struct SendBuf {
+    /// Bytes from `base` to `written()`.
+    data: VecDeque<u8>,
+    /// Lowest offset not yet acknowledged.
+    base: u64,
+    /// Next offset never sent.
+    unsent: u64,
+    /// Acknowledged ranges above `base`.
+    acked: RangeSet,
+    /// Ranges declared lost, to send again.
+    retransmit: RangeSet,
+    fin: Fin,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Fin {
+    #[default]
+    Open,
+    /// `finish` was called; the FIN has not been sent (or was lost).
+    Pending,
+    Sent,
+    Acked,
+}
+
+/// A piece of the stream to put in a STREAM frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+    pub(crate) fin: bool,
+    /// Whether these bytes were sent before.
+    pub(crate) retransmit: bool,
+}
+
+impl SendBuf {
+    pub(crate) fn written(&self) -> u64 {
+        self.base + self.data.len() as u64
+    }
+
+    /// Bytes held: written and not yet acknowledged.
+    pub(crate) fn buffered(&self) -> usize {
+        self.data.len()
+    }
+
+    pub(crate) fn is_finished(&self) -> bool {
+        self.fin != Fin::Open
+    }
+
+    /// Everything, FIN included, was acknowledged.
+    pub(crate) fn is_done(&self) -> bool {
+        self.fin == Fin::Acked && self.data.is_empty()
+    }
+
+    /// Appends up to `room` bytes of `data`; returns how many were taken.
+    pub(crate) fn write(&mut self, data: &[u8], room: usize) -> usize {
+        let n = data.len().min(room);
+        self.data.extend(&data[..n]);
+        n
+    }
+
+    pub(crate) fn finish(&mut self) {
+        if self.fin == Fin::Open {
+            self.fin = Fin::Pending;
+        }
+    }
+
+    /// The highest offset ever sent (new data counts against flow control once).
+    pub(crate) fn sent_offset(&self) -> u64 {
+        self.unsent
+    }
+
+    /// Whether a frame is waiting: lost bytes, new bytes within `max_offset` (the flow control
+    /// limit), or a FIN.
+    pub(crate) fn has_pending(&self, max_offset: u64) -> bool {
+        !self.retransmit.is_empty()
+            || (self.unsent < self.written() && self.unsent < max_offset)
+            || self.fin_pending()
+    }
+
+    fn fin_pending(&self) -> bool {
+        self.fin == Fin::Pending && self.unsent == self.written()
+    }
+
+    /// Takes the next piece to send, at most `max_len` bytes: lost bytes first, then new bytes
+    /// below `max_offset`. A FIN rides on the last piece, or alone.
+    pub(crate) fn next_chunk(&mut self, max_len: usize, max_offset: u64) -> Option<Chunk> {
+        if let Some(range) = self.retransmit.first() {
+            let len = (range.end - range.start).min(max_len as u64);
+            self.retransmit.remove(range.start..range.start + len);
+            let end = range.start + len;
+            let fin = end == self.written() && self.fin == Fin::Pending;
+            if fin {
+                self.fin = Fin::Sent;
+            }
+            return Some(Chunk {
+                offset: range.start,
+                len: len as usize,
+                fin,
+                retransmit: true,
+            });
+        }
+        let end = self
+            .written()
+            .min(max_offset.max(self.unsent))
+            .min(self.unsent + max_len as u64);
+        if end == self.unsent && !self.fin_pending() {
+            return None;
+        }
+        let offset = self.unsent;
+        self.unsent = end;
+        let fin = self.fin_pending();
+        if fin {
+            self.fin = Fin::Sent;
+        }
+        Some(Chunk {
+            offset,
+            len: (end - offset) as usize,
+            fin,
+            retransmit: false,
+        })
+    }
+
+    /// Copies the bytes at `offset` into `out`.
+    pub(crate) fn copy(&self, offset: u64, out: &mut [u8]) {
+        let start = (offset - self.base) as usize;
+        let (a, b) = self.data.as_slices();
+        let mut at = 0;
+        for part in [a, b] {
+            let len = part.len();
+            let lo = start.saturating_sub(at).min(len);
+            let hi = (start + out.len()).saturating_sub(at).min(len);
+            if lo < hi {
+                out[at + lo - start..at + hi - start].copy_from_slice(&part[lo..hi]);
+            }
+            at += len;
+        }
+    }
+
+    /// The peer acknowledged `offset..offset + len` (and the FIN, if `fin`).
+    pub(crate) fn ack(&mut self, offset: u64, len: u64, fin: bool) {
+        if fin && self.fin == Fin::Sent {
+            self.fin = Fin::Acked;
+        }
+        let start = offset.max(self.base);
+        let end = offset + len;
+        if start >= end {
+            return;
+        }
+        self.acked.insert(start..end);
+        self.retransmit.remove(start..end);
+        while let Some(first) = self.acked.first() {
+            if first.start != self.base {
+                break;
+            }
+            self.acked.pop_first();
+            let n = (first.end - first.start) as usize;
+            self.data.drain(..n);
+            self.base = first.end;
+        }
+        if self.data.is_empty() && self.data.capacity() > SHRINK_ABOVE {
+            self.data.shrink_to(SHRINK_ABOVE);
+        }
+    }
+
+    /// A packet carrying `offset..offset + len` (and the FIN, if `fin`) was lost: queue what
+    /// was not acknowledged since.
+    pub(crate) fn lost(&mut self, offset: u64, len: u64, fin: bool) {
+        if fin && self.fin == Fin::Sent {
+            self.fin = Fin::Pending;
+            if len == 0 && self.unsent == self.written() {
+                // A FIN alone: it goes out again with the next chunk (or alone).
+                return;
+            }
+        }
+        let start = offset.max(self.base);
+        let end = offset + len;
+        if start >= end {
+            return;
+        }
+        self.retransmit.insert(start..end);
+        for acked in self.acked.intersecting(start..end).collect::<Vec<_>>() {
+            self.retransmit.remove(acked);
+        }
+    }
+
+    /// Drops everything (the stream was reset).
+    pub(crate) fn clear(&mut self) {
+        self.base = self.written();
+        self.unsent = self.base;
+        self.data = VecDeque::new();
+        self.acked.clear();
+        self.retransmit.clear();
+    }
+}
+
+/// An idle stream's buffer gives memory back above this capacity.
+const SHRINK_ABOVE: usize = 64 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(buf: &SendBuf, chunk: Chunk) -> Vec<u8> {
+        let mut out = vec![0; chunk.len];
+        buf.copy(chunk.offset, &mut out);
+        out
+    }
+
+    #[test]
+    fn lost_bytes_go_out_again_and_acked_bytes_are_freed() {
+        let mut buf = SendBuf::default();
+        assert_eq!(buf.write(b"hello world", 100), 11);
+        buf.finish();
+        let a = buf.next_chunk(5, u64::MAX).unwrap();
+        let b = buf.next_chunk(100, u64::MAX).unwrap();
+        assert_eq!((a.offset, a.len, a.fin), (0, 5, false));
+        assert_eq!((b.offset, b.len, b.fin), (5, 6, true));
+        assert_eq!(sent(&buf, b), b" world");
+        assert_eq!(buf.next_chunk(100, u64::MAX), None);
+        buf.ack(5, 6, true);
+        assert_eq!(buf.buffered(), 11, "bytes 0..5 still unacknowledged");
+        buf.lost(0, 5, false);
+        let again = buf.next_chunk(100, u64::MAX).unwrap();
+        assert_eq!((again.offset, again.len, again.retransmit), (0, 5, true));
+        assert_eq!(sent(&buf, again), b"hello");
+        buf.ack(0, 5, false);
+        assert_eq!(buf.buffered(), 0);
+        assert!(buf.is_done());
+    }
+
+    #[test]
+    fn flow_control_limits_new_bytes_only() {
+        let mut buf = SendBuf::default();
+        buf.write(&[7; 100], 100);
+        let c = buf.next_chunk(1000, 40).unwrap();
+        assert_eq!((c.offset, c.len), (0, 40));
+        assert!(!buf.has_pending(40));
+        assert_eq!(buf.next_chunk(1000, 40), None);
+        buf.lost(0, 40, false);
+        assert!(
+            buf.has_pending(40),
+            "retransmissions are within the limit already"
+        );
+    }
+
+    #[test]
+    fn a_lost_fin_is_sent_again() {
+        let mut buf = SendBuf::default();
+        buf.write(b"x", 10);
+        let c = buf.next_chunk(10, u64::MAX).unwrap();
+        buf.ack(c.offset, c.len as u64, false);
+        buf.finish();
+        let fin = buf.next_chunk(10, u64::MAX).unwrap();
+        assert_eq!((fin.offset, fin.len, fin.fin), (1, 0, true));
+        buf.lost(1, 0, true);
+        let again = buf.next_chunk(10, u64::MAX).unwrap();
+        assert_eq!((again.offset, again.len, again.fin), (1, 0, true));
+        buf.ack(1, 0, true);
+        assert!(buf.is_done());
+    }
+}
