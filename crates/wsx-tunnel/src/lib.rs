@@ -45,6 +45,10 @@ mod range_set;
 mod replay;
 mod rtt;
 mod streams;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+#[cfg(test)]
+mod tests;
 
 pub use config::{EndpointConfig, TransportConfig};
 pub use congestion::{

@@ -160,7 +160,11 @@ impl LossPattern {
         let Some(p) = self.base_loss() else {
             return false;
         };
-        let n = (self.acked + self.lost) as f64;
+        let n = self.acked + self.lost;
+        if n < BASELINE_MIN_PACKETS {
+            return false;
+        }
+        let n = n as f64;
         let expected = n * p;
         let bound = expected + 3.0 * (expected * (1.0 - p)).sqrt() + 3.0;
         self.lost as f64 > bound

@@ -691,6 +691,7 @@ impl Connection {
     fn on_loss_timeout(&mut self, now: Instant) {
         if self.loss_time.is_some() {
             self.detect_lost(now);
+            self.report_lost(now);
             return;
         }
         // Probe timeout: the tail went unacknowledged. Send up to two probes, which elicit an
@@ -988,6 +989,8 @@ impl Connection {
         }
         self.pto_count = 0;
         self.detect_lost(now);
+        // The controller hears of the acknowledged packets before the losses they revealed,
+        // so that it judges the losses against everything this ACK delivered.
         let (prior_delivered, rate) = self
             .delivery
             .take_sample(self.rtt.min())
@@ -1007,6 +1010,7 @@ impl Connection {
                 },
             );
         }
+        self.report_lost(now);
         Ok(())
     }
 
@@ -1040,19 +1044,25 @@ impl Connection {
             pn += 1;
         }
         self.trim_sent();
-        if !lost.is_empty() {
-            if let Some(controller) = &mut self.controller {
-                controller.on_loss(
-                    now,
-                    &LossEvent {
-                        lost: &lost,
-                        in_flight: self.in_flight,
-                        rtt: &self.rtt,
-                    },
-                );
-            }
-        }
         self.lost_scratch = lost;
+    }
+
+    /// Tells the controller about the packets the last [`Self::detect_lost`] declared lost.
+    fn report_lost(&mut self, now: Instant) {
+        if self.lost_scratch.is_empty() {
+            return;
+        }
+        if let Some(controller) = &mut self.controller {
+            controller.on_loss(
+                now,
+                &LossEvent {
+                    lost: &self.lost_scratch,
+                    in_flight: self.in_flight,
+                    rtt: &self.rtt,
+                },
+            );
+        }
+        self.lost_scratch.clear();
     }
 
     fn on_packet_lost(&mut self, number: u64, packet: SentPacket, lost: &mut Vec<LostPacket>) {

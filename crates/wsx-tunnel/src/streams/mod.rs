@@ -92,6 +92,9 @@ impl Default for Schedule {
 const LEVELS: usize = 8;
 /// Bytes of credit a weight-1 stream gets per round-robin turn.
 const QUANTUM: i64 = 1200;
+/// A stream may always buffer this much for sending, whatever its share of the connection's
+/// buffer.
+const MIN_SHARE: u64 = 64 * 1024;
 
 /// Errors of the stream API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -189,6 +192,8 @@ struct Stream {
     recv_max: u64,
     max_stream_data_queued: bool,
     reset: ResetState,
+    /// The highest offset sent before a local reset: the final size the RESET declares.
+    reset_final_size: u64,
     schedule: Schedule,
     deficit: i64,
     queued: bool,
@@ -208,6 +213,7 @@ impl Stream {
             recv_max,
             max_stream_data_queued: false,
             reset: ResetState::None,
+            reset_final_size: 0,
             schedule: Schedule::default(),
             deficit: 0,
             queued: false,
@@ -278,8 +284,11 @@ pub(crate) struct Streams {
     consumed_data: u64,
     recv_max_data: u64,
     max_data_queued: bool,
-    /// Bytes buffered for sending on all streams.
+    /// Bytes buffered for sending on all streams, and how many streams hold some.
     buffered: u64,
+    /// Streams whose sending direction is still open: the connection's send buffer is shared
+    /// among them.
+    senders: u64,
     levels: [VecDeque<StreamId>; LEVELS],
     /// Streams whose rate cap stopped them, and when they may send again.
     throttled: Vec<(StreamId, Instant)>,
@@ -309,6 +318,7 @@ impl Streams {
             recv_max_data: limits.connection_window,
             max_data_queued: false,
             buffered: 0,
+            senders: 0,
             levels: Default::default(),
             throttled: Vec::new(),
             resets: VecDeque::new(),
@@ -350,6 +360,7 @@ impl Streams {
             self.limits.stream_window,
         );
         self.map.insert(id, stream);
+        self.senders += 1;
         self.enqueue(id);
         Ok(id)
     }
@@ -391,10 +402,16 @@ impl Streams {
         if stream.send.is_finished() {
             return Err(StreamError::Finished);
         }
+        // When the connection's buffer is the limit, each stream holding data may fill only its
+        // share of it; otherwise the first streams to write would keep it full and later
+        // ones would never get a byte into it.
+        let held = stream.send.buffered() as u64;
+        let share = (self.limits.connection_send_buffer / self.senders.max(1)).max(MIN_SHARE);
         let stream_room = self
             .limits
             .stream_send_buffer
-            .saturating_sub(stream.send.buffered() as u64);
+            .min(share)
+            .saturating_sub(held);
         let conn_room = self
             .limits
             .connection_send_buffer
@@ -418,6 +435,7 @@ impl Streams {
         if let ResetState::LocalPending { code } | ResetState::LocalSent { code } = stream.reset {
             return Err(StreamError::Reset(code));
         }
+        self.senders -= u64::from(!stream.send.is_finished());
         stream.send.finish();
         self.enqueue(id);
         Ok(())
@@ -479,6 +497,8 @@ impl Streams {
             return Ok(());
         }
         self.buffered -= stream.send.buffered() as u64;
+        self.senders -= u64::from(!stream.send.is_finished());
+        stream.reset_final_size = stream.send.sent_offset();
         stream.send.clear();
         let unread = stream.recv.highest() - stream.recv.read_offset();
         stream.recv.clear();
@@ -520,6 +540,7 @@ impl Streams {
             return;
         };
         self.buffered -= stream.send.buffered() as u64;
+        self.senders -= u64::from(!stream.send.is_finished() && stream.reset == ResetState::None);
         if stream.queued {
             self.levels[usize::from(stream.schedule.priority)].retain(|&s| s != id);
         }
@@ -592,7 +613,7 @@ impl Streams {
                 self.resets.pop_front();
                 continue;
             };
-            let values = [id.0, code, stream.send.written()];
+            let values = [id.0, code, stream.reset_final_size];
             if frame::varint_frame_len(frame::RESET, &values) > w.remaining() {
                 break;
             }
@@ -727,7 +748,7 @@ impl Streams {
             StreamFrameSent::Reset(id) => {
                 if let Some(stream) = self.map.get(&id) {
                     if matches!(stream.reset, ResetState::LocalSent { .. }) {
-                        self.remove_after_reset(id);
+                        self.remove(id);
                     }
                 }
             }
@@ -735,13 +756,6 @@ impl Streams {
             | StreamFrameSent::MaxData
             | StreamFrameSent::MaxStreams => {}
         }
-    }
-
-    fn remove_after_reset(&mut self, id: StreamId) {
-        if let Some(stream) = self.map.get_mut(&id) {
-            stream.reset = ResetState::None;
-        }
-        self.remove(id);
     }
 
     fn wake_writers(&mut self) {
@@ -822,6 +836,7 @@ impl Streams {
                 self.limits.stream_window,
             );
             self.map.insert(new, stream);
+            self.senders += 1;
         }
         Ok(self.map.get_mut(&id))
     }

@@ -1,0 +1,251 @@
+//! A simulated one-way link: bottleneck rate with a drop-tail queue, propagation delay, random
+//! and burst loss, reordering, duplication and corruption, all from a seeded generator.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+/// What a simulated link does to datagrams.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    /// One-way propagation delay.
+    pub delay: Duration,
+    /// Bottleneck rate in bytes of UDP payload per second (`None`: unlimited).
+    pub rate: Option<u64>,
+    /// Drop-tail queue in front of the bottleneck, bytes.
+    pub queue: u64,
+    /// Independent loss probability per datagram.
+    pub loss: f64,
+    /// Gilbert-Elliott burst loss: (P(good→bad), P(bad→good)) per datagram; every datagram
+    /// in the bad state is lost.
+    pub burst: Option<(f64, f64)>,
+    /// Probability that a datagram is held back by `reorder_delay` (so later ones pass it).
+    pub reorder: f64,
+    pub reorder_delay: Duration,
+    /// Probability that a datagram is delivered twice.
+    pub duplicate: f64,
+    /// Probability that one byte of a datagram is flipped.
+    pub corrupt: f64,
+}
+
+impl LinkConfig {
+    /// A clean link: `rtt / 2` delay, `rate_mbit` bottleneck and one BDP of queue.
+    pub fn new(rtt: Duration, rate_mbit: u64) -> Self {
+        let rate = rate_mbit * 1_000_000 / 8;
+        Self {
+            delay: rtt / 2,
+            rate: Some(rate),
+            queue: crate::congestion::bytes_in(rate, rtt).max(64 * 1024),
+            loss: 0.0,
+            burst: None,
+            reorder: 0.0,
+            reorder_delay: Duration::ZERO,
+            duplicate: 0.0,
+            corrupt: 0.0,
+        }
+    }
+
+    pub fn with_loss(mut self, loss: f64) -> Self {
+        self.loss = loss;
+        self
+    }
+}
+
+/// What a link did, cumulatively.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    pub sent: u64,
+    pub sent_bytes: u64,
+    pub delivered: u64,
+    pub delivered_bytes: u64,
+    pub dropped_queue: u64,
+    pub dropped_loss: u64,
+    pub duplicated: u64,
+    pub corrupted: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) config: LinkConfig,
+    rng: fastrand::Rng,
+    /// When the bottleneck finishes serializing what it has accepted.
+    busy_until: Option<Instant>,
+    bad_state: bool,
+    sequence: u64,
+    in_flight: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    /// Datagram storage; slots are reused.
+    slots: Vec<Vec<u8>>,
+    free: Vec<usize>,
+    pub(crate) stats: LinkStats,
+}
+
+impl Link {
+    pub(crate) fn new(config: LinkConfig, seed: u64) -> Self {
+        Self {
+            config,
+            rng: fastrand::Rng::with_seed(seed),
+            busy_until: None,
+            bad_state: false,
+            sequence: 0,
+            in_flight: BinaryHeap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            stats: LinkStats::default(),
+        }
+    }
+
+    fn store(&mut self, data: &[u8]) -> usize {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot].clear();
+                self.slots[slot].extend_from_slice(data);
+                slot
+            }
+            None => {
+                self.slots.push(data.to_vec());
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// A datagram enters the link at `now`.
+    pub(crate) fn send(&mut self, now: Instant, data: &[u8]) {
+        self.stats.sent += 1;
+        self.stats.sent_bytes += data.len() as u64;
+        let size = data.len() as u64;
+        // The bottleneck: queue, then serialize.
+        let mut leave = now;
+        if let Some(rate) = self.config.rate {
+            let start = self.busy_until.map_or(now, |t| t.max(now));
+            let backlog = crate::congestion::bytes_in(rate, start - now);
+            if backlog + size > self.config.queue {
+                self.stats.dropped_queue += 1;
+                return;
+            }
+            let serialize =
+                Duration::from_nanos((u128::from(size) * 1_000_000_000 / u128::from(rate)) as u64);
+            leave = start + serialize;
+            self.busy_until = Some(leave);
+        }
+        // The line beyond it: losses.
+        if let Some((to_bad, to_good)) = self.config.burst {
+            self.bad_state = if self.bad_state {
+                !self.chance(to_good)
+            } else {
+                self.chance(to_bad)
+            };
+            if self.bad_state {
+                self.stats.dropped_loss += 1;
+                return;
+            }
+        }
+        if self.chance(self.config.loss) {
+            self.stats.dropped_loss += 1;
+            return;
+        }
+        let mut arrive = leave + self.config.delay;
+        if self.chance(self.config.reorder) {
+            arrive += self.config.reorder_delay;
+        }
+        let copies = if self.chance(self.config.duplicate) {
+            self.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let slot = self.store(data);
+            if self.chance(self.config.corrupt) {
+                let datagram = &mut self.slots[slot];
+                let at = self.rng.usize(..datagram.len());
+                datagram[at] ^= 1 << self.rng.u8(0..8);
+                self.stats.corrupted += 1;
+            }
+            self.sequence += 1;
+            self.in_flight.push(Reverse((arrive, self.sequence, slot)));
+        }
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.rng.f64() < p
+    }
+
+    /// When the next datagram arrives.
+    pub(crate) fn next_arrival(&self) -> Option<Instant> {
+        self.in_flight.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Takes the next datagram that has arrived by `now` into `out`.
+    pub(crate) fn receive(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        match self.in_flight.peek() {
+            Some(Reverse((at, _, _))) if *at <= now => {}
+            _ => return false,
+        }
+        let Some(Reverse((_, _, slot))) = self.in_flight.pop() else {
+            return false;
+        };
+        out.clear();
+        out.extend_from_slice(&self.slots[slot]);
+        self.free.push(slot);
+        self.stats.delivered += 1;
+        self.stats.delivered_bytes += out.len() as u64;
+        true
+    }
+
+    /// Changes the bottleneck rate from now on.
+    pub(crate) fn set_rate(&mut self, rate: u64) {
+        self.config.rate = Some(rate);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bottleneck_paces_and_the_queue_drops_overflow() {
+        let t0 = crate::test_epoch();
+        let config = LinkConfig {
+            queue: 10_000,
+            ..LinkConfig::new(Duration::from_millis(100), 8) // 1 MB/s
+        };
+        let mut link = Link::new(config, 1);
+        for _ in 0..20 {
+            link.send(t0, &[0; 1000]);
+        }
+        // 10 fit in the queue (the first starts serializing at once), the rest drop.
+        assert_eq!(link.stats.dropped_queue, 10);
+        let mut out = Vec::new();
+        let mut arrivals = Vec::new();
+        while let Some(now) = link.next_arrival() {
+            while link.receive(now, &mut out) {
+                arrivals.push(now - t0);
+            }
+        }
+        assert_eq!(arrivals.len(), 10);
+        // One millisecond per packet, after 50 ms of delay.
+        assert_eq!(arrivals[0], Duration::from_millis(51));
+        assert_eq!(arrivals[9], Duration::from_millis(60));
+    }
+
+    #[test]
+    fn loss_is_close_to_configured() {
+        let t0 = crate::test_epoch();
+        let mut link = Link::new(
+            LinkConfig {
+                rate: None,
+                ..LinkConfig::new(Duration::from_millis(10), 1).with_loss(0.05)
+            },
+            7,
+        );
+        for _ in 0..20_000 {
+            link.send(t0, &[1; 100]);
+        }
+        // Binomial(20000, 0.05): mean 1000, sd 31.
+        assert!(
+            (900..1100).contains(&link.stats.dropped_loss),
+            "{:?}",
+            link.stats
+        );
+    }
+}

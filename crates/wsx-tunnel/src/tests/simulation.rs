@@ -1,0 +1,404 @@
+//! The tunnel under loss, delay, reordering and many streams. Figures are goodput: stream
+//! bytes the receiving application read, against the bottleneck rate in UDP payload bytes.
+
+use crate::testing::{LinkConfig, Pair, Transfers};
+use crate::{StreamMeta, TransportConfig};
+use proptest::prelude::*;
+use std::time::Duration;
+
+const MS: Duration = Duration::from_millis(1);
+const RTT: Duration = Duration::from_millis(100);
+/// 100 Mbit/s in bytes per second.
+const RATE: u64 = 12_500_000;
+
+/// A pair over `forward` (and a clean reverse path of the same RTT), connected.
+fn pair(forward: LinkConfig, seed: u64) -> Pair {
+    let reverse = LinkConfig::new(forward.delay * 2, 1000);
+    let mut pair = Pair::new(crate::test_epoch(), forward, reverse, seed);
+    pair.connect();
+    pair
+}
+
+/// Runs for `duration` with `transfers` pumped; the transfers must outlast it.
+fn run_for(pair: &mut Pair, transfers: &mut Transfers, duration: Duration) {
+    let end = pair.now + duration;
+    pair.run_until(duration + MS, |pair| {
+        transfers.pump(pair);
+        pair.now >= end
+    });
+}
+
+/// Goodput over the buckets `from..to` of the receiver's 100 ms buckets, as a fraction of
+/// `rate`.
+fn utilization(transfers: &Transfers, from: usize, to: usize, rate: u64) -> f64 {
+    let bytes: u64 = transfers.delivered[from..to].iter().sum();
+    let seconds = (to - from) as f64 * transfers.bucket.as_secs_f64();
+    bytes as f64 / (rate as f64 * seconds)
+}
+
+/// Goodput of one bulk stream from 3 s to 20 s after the first byte.
+fn steady_utilization(loss: f64, seed: u64) -> (f64, Pair) {
+    let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(loss), seed);
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(21));
+    (utilization(&transfers, 30, 200, RATE), pair)
+}
+
+#[test]
+fn one_stream_uses_at_least_95_percent_of_a_clean_path() {
+    let (u, mut pair) = steady_utilization(0.0, 1);
+    let stats = pair.client().stats();
+    assert!(u >= 0.95, "utilization {u:.4}: {stats:#?}");
+}
+
+#[test]
+fn one_percent_random_loss_keeps_90_percent() {
+    let (u, mut pair) = steady_utilization(0.01, 2);
+    let stats = pair.client().stats();
+    assert!(u >= 0.90, "utilization {u:.4}: {stats:#?}");
+}
+
+#[test]
+fn five_percent_random_loss_keeps_80_percent() {
+    let (u, mut pair) = steady_utilization(0.05, 3);
+    let stats = pair.client().stats();
+    assert!(u >= 0.80, "utilization {u:.4}: {stats:#?}");
+}
+
+/// The tunnel's own reliability costs few reverse packets: at steady state at most one per
+/// twenty forward data packets (TCP sends one per two).
+#[test]
+fn reverse_packets_are_at_most_one_per_twenty_data_packets() {
+    for loss in [0.0, 0.01] {
+        let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(loss), 4);
+        let mut transfers = Transfers::new(0);
+        transfers.start(&mut pair, 1 << 40);
+        run_for(&mut pair, &mut transfers, Duration::from_secs(3));
+        let forward = pair.client().stats().eliciting_sent;
+        let reverse = pair.server().stats().packets_sent;
+        run_for(&mut pair, &mut transfers, Duration::from_secs(10));
+        let forward = pair.client().stats().eliciting_sent - forward;
+        let reverse = pair.server().stats().packets_sent - reverse;
+        assert!(
+            reverse * 20 <= forward,
+            "loss {loss}: {reverse} reverse packets for {forward} forward"
+        );
+    }
+}
+
+/// From a cold start, the delivery rate reaches 90 % of the bottleneck within 10 RTTs of the
+/// first byte.
+#[test]
+fn reaches_90_percent_within_ten_round_trips() {
+    let mut pair = pair(LinkConfig::new(RTT, 100), 5);
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(3));
+    // Buckets are one RTT (100 ms) long.
+    let first = transfers
+        .delivered
+        .iter()
+        .position(|&b| b as f64 >= 0.9 * RATE as f64 * 0.1)
+        .expect("never reached 90 %");
+    assert!(
+        first < 10,
+        "first bucket at 90 %: {first}: {:?}",
+        &transfers.delivered[..12]
+    );
+}
+
+/// A second connection to the same peer starts from what the first learned: 90 % within three
+/// round trips.
+#[test]
+fn a_warm_start_reaches_90_percent_within_three_round_trips() {
+    let mut pair = pair(LinkConfig::new(RTT, 100), 6);
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 30_000_000);
+    transfers.run(&mut pair, Duration::from_secs(30));
+    transfers.verify();
+    let hint = pair.client().path_hint().expect("the path was learned");
+    assert!(hint.rate > RATE * 9 / 10, "{hint:?}");
+    // Close and reconnect; the endpoint keeps the hint.
+    let now = pair.now;
+    pair.client().close(now, 0, b"done");
+    pair.run_until(Duration::from_secs(5), |p| {
+        p.sides[0].connections.is_empty()
+    });
+    pair.sides[1].connections.clear();
+    pair.connect();
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(1));
+    let first = transfers
+        .delivered
+        .iter()
+        .position(|&b| b as f64 >= 0.9 * RATE as f64 * 0.1)
+        .expect("never reached 90 %");
+    assert!(
+        first < 3,
+        "first bucket at 90 %: {first}: {:?}",
+        transfers.delivered
+    );
+}
+
+/// When the bottleneck halves, the controller sees congestion (not random loss) and the
+/// loss rate falls below 3 % within two round trips.
+#[test]
+fn when_the_bottleneck_halves_loss_settles_within_two_round_trips() {
+    let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(0.001), 7);
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(5));
+    let events_before = congestion_events(&mut pair);
+    pair.set_rate(0, RATE / 2);
+    // Sample the forward link every 10 ms: when did congestion get detected, and what was the
+    // loss rate in each RTT after.
+    let mut samples = Vec::new();
+    let mut detected = None;
+    for i in 0..300 {
+        run_for(&mut pair, &mut transfers, 10 * MS);
+        let s = pair.link_stats(0);
+        samples.push((s.sent, s.dropped_queue + s.dropped_loss));
+        if detected.is_none() && congestion_events(&mut pair) > events_before {
+            detected = Some(i);
+        }
+    }
+    let detected = detected.expect("the halving was taken for congestion");
+    // Loss over each 100 ms window starting two RTTs (20 samples) after detection.
+    for start in (detected + 20..samples.len() - 10).step_by(10) {
+        let (sent0, lost0) = samples[start];
+        let (sent1, lost1) = samples[start + 10];
+        let loss = (lost1 - lost0) as f64 / (sent1 - sent0).max(1) as f64;
+        assert!(
+            loss < 0.03,
+            "loss {loss:.3} in the window {} ms after detection at {} ms",
+            (start - detected) * 10,
+            detected * 10
+        );
+    }
+    // And the link stays in use at its new rate.
+    let u = utilization(&transfers, 60, 75, RATE / 2);
+    assert!(u > 0.85, "utilization after the halving {u:.3}");
+}
+
+fn congestion_events(pair: &mut Pair) -> u64 {
+    pair.client()
+        .stats()
+        .congestion
+        .map_or(0, |c| c.congestion_events)
+}
+
+/// Ten bulk streams share the connection equally: Jain's index over their goodput is at least
+/// 0.99.
+#[test]
+fn ten_streams_share_fairly() {
+    let mut pair = pair(LinkConfig::new(RTT, 100), 8);
+    let mut transfers = Transfers::new(0);
+    for _ in 0..10 {
+        transfers.start(&mut pair, 1 << 40);
+    }
+    run_for(&mut pair, &mut transfers, Duration::from_secs(3));
+    let before: Vec<u64> = transfers
+        .order
+        .iter()
+        .map(|id| transfers.by_id[id].received)
+        .collect();
+    run_for(&mut pair, &mut transfers, Duration::from_secs(10));
+    let shares: Vec<f64> = transfers
+        .order
+        .iter()
+        .zip(&before)
+        .map(|(id, b)| (transfers.by_id[id].received - b) as f64)
+        .collect();
+    let sum: f64 = shares.iter().sum();
+    let squares: f64 = shares.iter().map(|x| x * x).sum();
+    let jain = sum * sum / (shares.len() as f64 * squares);
+    assert!(jain >= 0.99, "Jain index {jain:.4}: {shares:?}");
+    assert!(sum / 10.0 > 0.9 * RATE as f64, "aggregate goodput {sum}");
+}
+
+/// A thousand streams, opened at once over a lossy path, all complete intact; afterwards no
+/// stream state is left and the buffers were bounded by the windows.
+#[test]
+fn a_thousand_streams_complete_and_leave_nothing_behind() {
+    let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(0.01), 9);
+    let mut transfers = Transfers::new(0);
+    for i in 0..1000u64 {
+        transfers.start(&mut pair, 20_000 + i * 37);
+    }
+    transfers.run(&mut pair, Duration::from_secs(60));
+    transfers.verify();
+    // Both sides forget every stream once both directions are finished and acknowledged.
+    pair.run_until(Duration::from_secs(5), |p| {
+        transfers.pump(p);
+        p.client().open_streams() == 0 && p.server().open_streams() == 0
+    });
+}
+
+/// Both directions at once: each side sends a stream to the other.
+#[test]
+fn both_directions_carry_data_at_once() {
+    let link = LinkConfig::new(MS * 50, 50).with_loss(0.005);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 10);
+    pair.connect();
+    let mut up = Transfers::new(0);
+    let mut down = Transfers::new(1);
+    up.start(&mut pair, 3_000_000);
+    down.start(&mut pair, 3_000_000);
+    pair.run_until(Duration::from_secs(30), |pair| {
+        // Each side's events are shared by both transfers: hand each its own.
+        let events = [
+            std::mem::take(&mut pair.sides[0].events),
+            std::mem::take(&mut pair.sides[1].events),
+        ];
+        pair.sides[0].events = events[0].clone();
+        pair.sides[1].events = events[1].clone();
+        up.pump(pair);
+        pair.sides[0].events = events[0].clone();
+        pair.sides[1].events = events[1].clone();
+        down.pump(pair);
+        up.all_complete() && down.all_complete()
+    });
+    up.verify();
+    down.verify();
+}
+
+/// A reset stream stops at once on both sides, and others carry on.
+#[test]
+fn a_reset_stream_is_abandoned_and_the_others_complete() {
+    let mut pair = pair(LinkConfig::new(RTT, 20), 11);
+    let mut transfers = Transfers::new(0);
+    let doomed = transfers.start(&mut pair, 50_000_000);
+    transfers.start(&mut pair, 2_000_000);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(1));
+    pair.client().reset(doomed, 7).expect("the stream exists");
+    transfers.run(&mut pair, Duration::from_secs(30));
+    assert_eq!(transfers.by_id[&doomed].reset, Some(7));
+    transfers.verify();
+    pair.run_until(Duration::from_secs(5), |p| {
+        transfers.pump(p);
+        p.client().open_streams() == 0 && p.server().open_streams() == 0
+    });
+}
+
+/// Control messages arrive once each, in order, over a lossy path.
+#[test]
+fn control_messages_arrive_in_order_despite_loss() {
+    let link = LinkConfig::new(RTT, 10).with_loss(0.2);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 12);
+    pair.connect();
+    let mut received = Vec::new();
+    let mut next = 0u32;
+    pair.run_until(Duration::from_secs(120), |pair| {
+        while next < 500 && pair.client().send_control(&next.to_be_bytes()).is_ok() {
+            next += 1;
+        }
+        for (_, event) in pair.sides[1].events.drain(..) {
+            if let crate::Event::Control(message) = event {
+                received.push(u32::from_be_bytes(message.try_into().expect("4 bytes")));
+            }
+        }
+        received.len() == 500
+    });
+    assert_eq!(received, (0..500).collect::<Vec<_>>());
+}
+
+/// Flow control keeps a slow reader's buffers bounded: the sender stops at the window.
+#[test]
+fn a_slow_reader_bounds_the_buffers() {
+    let transport = TransportConfig {
+        stream_window: 1 << 20,
+        stream_send_buffer: 2 << 20,
+        ..TransportConfig::default()
+    };
+    let link = LinkConfig::new(RTT, 100);
+    let mut pair = Pair::with_config(crate::test_epoch(), link.clone(), link, 13, transport);
+    pair.connect();
+    let id = pair
+        .client()
+        .open_stream(StreamMeta::default())
+        .expect("open");
+    let chunk = vec![0u8; 64 * 1024];
+    let mut written = 0;
+    pair.run_until(Duration::from_secs(10), |pair| {
+        while let Ok(n) = pair.client().write(id, &chunk) {
+            written += n;
+        }
+        pair.now - pair.epoch > Duration::from_secs(5)
+    });
+    // Nobody reads: the peer holds one window (delivered and acknowledged, so gone from the
+    // send buffer), the sender buffers its send buffer's worth, no more.
+    assert_eq!(written, (1 << 20) + (2 << 20));
+    // Nothing but keepalive PINGs is in flight: everything the window allowed was delivered.
+    let in_flight = pair.client().bytes_in_flight();
+    assert!(in_flight < 100, "{in_flight} bytes in flight");
+    let mut buf = vec![0u8; 4 << 20];
+    let got = pair
+        .server()
+        .read(id, &mut buf)
+        .expect("data is there")
+        .expect("not finished");
+    assert_eq!(got, 1 << 20, "the receiver holds exactly one window");
+}
+
+#[derive(Debug, Clone)]
+struct Impairments {
+    loss: f64,
+    burst: Option<(f64, f64)>,
+    reorder: f64,
+    duplicate: f64,
+    corrupt: f64,
+    rtt_ms: u64,
+}
+
+fn impairments() -> impl Strategy<Value = Impairments> {
+    (
+        0.0..0.15f64,
+        proptest::option::of((0.001..0.02f64, 0.3..0.8f64)),
+        0.0..0.1f64,
+        0.0..0.05f64,
+        0.0..0.02f64,
+        1u64..400,
+    )
+        .prop_map(
+            |(loss, burst, reorder, duplicate, corrupt, rtt_ms)| Impairments {
+                loss,
+                burst,
+                reorder,
+                duplicate,
+                corrupt,
+                rtt_ms,
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever the path does — loss, bursts, reordering, duplication, corruption, in both
+    /// directions — every byte of every stream arrives exactly once and in order, including
+    /// streams that end early and one that is reset.
+    #[test]
+    fn every_byte_arrives_exactly_once(seed in any::<u64>(), imp in impairments(), sizes in proptest::collection::vec(0u64..300_000, 1..6)) {
+        let mut link = LinkConfig::new(MS * imp.rtt_ms as u32, 20);
+        link.loss = imp.loss;
+        link.burst = imp.burst;
+        link.reorder = imp.reorder;
+        link.reorder_delay = MS * imp.rtt_ms.max(4) as u32 / 4;
+        link.duplicate = imp.duplicate;
+        link.corrupt = imp.corrupt;
+        let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, seed);
+        pair.connect();
+        let mut transfers = Transfers::new(0);
+        for &size in &sizes {
+            transfers.start(&mut pair, size);
+        }
+        let doomed = transfers.start(&mut pair, 10_000_000);
+        run_for(&mut pair, &mut transfers, MS * 300);
+        pair.client().reset(doomed, 1).expect("the stream is still open");
+        transfers.by_id.get_mut(&doomed).expect("known").reset = Some(1);
+        transfers.run(&mut pair, Duration::from_secs(600));
+        transfers.verify();
+    }
+}
