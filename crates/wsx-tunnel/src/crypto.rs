@@ -179,17 +179,25 @@ impl From<snow::Error> for HandshakeError {
     }
 }
 
+/// The prologue: the protocol's name, then the initiation's cleartext header, so that a
+/// header changed in transit makes the handshake fail instead of misdirecting it.
+fn prologue(header: &[u8]) -> Vec<u8> {
+    [PROLOGUE, header].concat()
+}
+
 /// Starts a handshake as the initiator: writes message 1 carrying `payload` into `out`.
+/// `header` is the initiation's cleartext header.
 pub(crate) fn initiate(
     local: &SecretKey,
     peer: &PublicKey,
+    header: &[u8],
     payload: &[u8],
     out: &mut [u8],
 ) -> Result<(snow::HandshakeState, usize), HandshakeError> {
     let mut hs = snow::Builder::new(params())
         .local_private_key(local.as_bytes())?
         .remote_public_key(peer.as_bytes())?
-        .prologue(PROLOGUE)?
+        .prologue(&prologue(header))?
         .build_initiator()?;
     let n = hs.write_message(payload, out)?;
     Ok((hs, n))
@@ -200,12 +208,13 @@ pub(crate) fn initiate(
 /// before it answers.
 pub(crate) fn accept(
     local: &SecretKey,
+    header: &[u8],
     message: &[u8],
     payload: &mut [u8],
 ) -> Result<(snow::HandshakeState, PublicKey, usize), HandshakeError> {
     let mut hs = snow::Builder::new(params())
         .local_private_key(local.as_bytes())?
-        .prologue(PROLOGUE)?
+        .prologue(&prologue(header))?
         .build_responder()?;
     let n = hs.read_message(message, payload)?;
     let peer = hs
@@ -410,9 +419,10 @@ mod tests {
     fn pair() -> (Keys, Keys) {
         let (a, b) = (SecretKey::generate(), SecretKey::generate());
         let mut m1 = [0u8; 256];
-        let (hs, n1) = initiate(&a, &b.public_key(), b"hello", &mut m1).unwrap();
+        let (hs, n1) = initiate(&a, &b.public_key(), b"hdr", b"hello", &mut m1).unwrap();
         let mut payload = [0u8; 64];
-        let (rhs, peer, n) = accept(&b, &m1[..n1], &mut payload).unwrap();
+        assert!(accept(&b, b"hdR", &m1[..n1], &mut payload).is_err());
+        let (rhs, peer, n) = accept(&b, b"hdr", &m1[..n1], &mut payload).unwrap();
         assert_eq!(peer, a.public_key());
         assert_eq!(&payload[..n], b"hello");
         let mut m2 = [0u8; 256];
@@ -445,8 +455,8 @@ mod tests {
             SecretKey::generate(),
         );
         let mut m1 = [0u8; 256];
-        let (_, n1) = initiate(&a, &c.public_key(), b"", &mut m1).unwrap();
-        assert!(accept(&b, &m1[..n1], &mut [0u8; 64]).is_err());
+        let (_, n1) = initiate(&a, &c.public_key(), b"", b"", &mut m1).unwrap();
+        assert!(accept(&b, b"", &m1[..n1], &mut [0u8; 64]).is_err());
     }
 
     #[test]

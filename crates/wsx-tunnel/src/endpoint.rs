@@ -209,7 +209,9 @@ impl Endpoint {
     ) -> Option<DatagramEvent> {
         let mut payload = [0u8; 8 + PARAMS_MAX_LEN + 16];
         let message = &datagram[INITIATION_HEADER_LEN..];
-        let (hs, peer, n) = match crypto::accept(&self.config.secret, message, &mut payload) {
+        let header = &datagram[..INITIATION_HEADER_LEN];
+        let (hs, peer, n) = match crypto::accept(&self.config.secret, header, message, &mut payload)
+        {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::trace!(%from, error = %e, "initiation rejected");
@@ -238,9 +240,9 @@ impl Endpoint {
             }
         }
         self.timestamps.insert(peer, timestamp);
-        let mut params_out = [0u8; PARAMS_MAX_LEN];
-        let params_len = connection::response_payload(&self.transport, &mut params_out);
         let (handle, local_id) = self.register(peer, false);
+        let mut params_out = [0u8; 4 + PARAMS_MAX_LEN];
+        let params_len = connection::response_payload(&self.transport, local_id, &mut params_out);
         let mut response = vec![0u8; crate::packet::RESPONSE_HEADER_LEN + 32 + params_len + 16];
         let mut w = crate::coding::Writer::new(&mut response);
         Header::Response {

@@ -717,12 +717,12 @@ impl Connection {
         };
         match header {
             Header::Initiation { .. } => {}
-            Header::Response { sender, .. } => self.handle_response(now, sender, datagram),
+            Header::Response { .. } => self.handle_response(now, datagram),
             Header::Data(h) => self.handle_data(now, from, h, datagram),
         }
     }
 
-    fn handle_response(&mut self, now: Instant, sender: u32, datagram: &mut [u8]) {
+    fn handle_response(&mut self, now: Instant, datagram: &mut [u8]) {
         let State::Handshake(init) = &mut self.state else {
             return;
         };
@@ -731,7 +731,7 @@ impl Connection {
         };
         let sent_at = init.sent_at;
         let message = &datagram[crate::packet::RESPONSE_HEADER_LEN..];
-        let mut payload = [0u8; PARAMS_MAX_LEN + 16];
+        let mut payload = [0u8; 4 + PARAMS_MAX_LEN + 16];
         let (keys, n) = match crypto::finish(hs, message, &mut payload) {
             Ok(done) => done,
             Err(e) => {
@@ -741,7 +741,13 @@ impl Connection {
                 return;
             }
         };
-        let params = match TransportParams::parse(&mut Reader::new(&payload[..n])) {
+        // The responder's id is taken from the authenticated payload, not the cleartext header.
+        let mut r = Reader::new(&payload[..n]);
+        let parsed = r
+            .u32()
+            .map_err(ParamsError::from)
+            .and_then(|id| Ok((id, TransportParams::parse(&mut r)?)));
+        let (sender, params) = match parsed {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!(error = %e, "peer sent bad transport parameters");
@@ -1183,22 +1189,28 @@ impl Connection {
         w.u64((init.unix_base + elapsed).as_nanos() as u64);
         params.emit(&mut w);
         let payload_len = w.len();
-        let mut w = Writer::new(buf);
+        let mut header = [0u8; INITIATION_HEADER_LEN];
         Header::Initiation {
             sender: self.local_id,
         }
-        .emit(&mut w);
+        .emit(&mut Writer::new(&mut header));
+        buf[..INITIATION_HEADER_LEN].copy_from_slice(&header);
         let noise = &mut buf[INITIATION_HEADER_LEN..];
-        let (hs, n) =
-            match crypto::initiate(&init.secret, &self.peer, &payload[..payload_len], noise) {
-                Ok(done) => done,
-                Err(e) => {
-                    // Only a malformed key can fail here, and keys are checked when parsed.
-                    tracing::error!(error = %e, "cannot build a handshake initiation");
-                    self.state = State::Drained;
-                    return None;
-                }
-            };
+        let (hs, n) = match crypto::initiate(
+            &init.secret,
+            &self.peer,
+            &header,
+            &payload[..payload_len],
+            noise,
+        ) {
+            Ok(done) => done,
+            Err(e) => {
+                // Only a malformed key can fail here, and keys are checked when parsed.
+                tracing::error!(error = %e, "cannot build a handshake initiation");
+                self.state = State::Drained;
+                return None;
+            }
+        };
         init.handshake = Some(hs);
         init.sent_at = Some(now);
         init.next_attempt = Some(now + HANDSHAKE_RETRY * (1 << init.attempts.min(16)));
@@ -1448,9 +1460,11 @@ pub enum ControlError {
     NotConnected,
 }
 
-/// The payload the responder's handshake message carries.
-pub(crate) fn response_payload(config: &TransportConfig, out: &mut [u8]) -> usize {
+/// The payload the responder's handshake message carries: its connection id, then its
+/// parameters.
+pub(crate) fn response_payload(config: &TransportConfig, local_id: u32, out: &mut [u8]) -> usize {
     let mut w = Writer::new(out);
+    w.u32(local_id);
     TransportParams::from_config(config).emit(&mut w);
     w.len()
 }

@@ -1,4 +1,5 @@
 //! Simulation tests: the whole protocol between two endpoints over simulated links, in virtual
 //! time. They assert counts and invariants, never wall-clock time.
 
+mod security;
 mod simulation;
