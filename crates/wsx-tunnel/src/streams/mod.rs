@@ -92,6 +92,8 @@ impl Default for Schedule {
 const LEVELS: usize = 8;
 /// Bytes of credit a weight-1 stream gets per round-robin turn.
 const QUANTUM: i64 = 1200;
+/// A stream buffer that empties gives memory back above this capacity.
+const SHRINK_ABOVE: usize = 64 * 1024;
 /// A stream may always buffer this much for sending, whatever its share of the connection's
 /// buffer.
 const MIN_SHARE: u64 = 64 * 1024;

@@ -5,6 +5,7 @@
 //! bytes are real. Out-of-order data therefore costs no allocation per segment, and the buffer
 //! never exceeds the flow-control window.
 
+use super::SHRINK_ABOVE;
 use crate::range_set::RangeSet;
 use std::collections::VecDeque;
 
@@ -124,9 +125,6 @@ impl RecvBuf {
         self.received.clear();
     }
 }
-
-/// An idle stream's buffer gives memory back above this capacity.
-const SHRINK_ABOVE: usize = 64 * 1024;
 
 fn write_at(deque: &mut VecDeque<u8>, at: usize, data: &[u8]) {
     let (a, b) = deque.as_mut_slices();

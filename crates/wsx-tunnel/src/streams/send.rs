@@ -1,6 +1,7 @@
 //! A stream's send side: the bytes written but not yet acknowledged, what is still unsent and
 //! what must be sent again.
 
+use super::SHRINK_ABOVE;
 use crate::range_set::RangeSet;
 use std::collections::VecDeque;
 
@@ -199,9 +200,6 @@ impl SendBuf {
         self.retransmit.clear();
     }
 }
-
-/// An idle stream's buffer gives memory back above this capacity.
-const SHRINK_ABOVE: usize = 64 * 1024;
 
 #[cfg(test)]
 mod tests {
