@@ -1149,13 +1149,7 @@ impl Connection {
                 *sent_at = Some(now);
                 let size = response.len().min(buf.len());
                 buf[..size].copy_from_slice(&response[..size]);
-                self.count_sent(now, size);
-                Some(Transmit {
-                    destination: self.remote,
-                    size,
-                    segment_size: None,
-                    departure: now,
-                })
+                Some(self.single_datagram(now, size))
             }
             State::Closing { .. } => {
                 if !self.close_resend {
@@ -1165,6 +1159,18 @@ impl Connection {
                 self.transmit_close(now, buf)
             }
             State::Established => self.transmit_packets(now, buf),
+        }
+    }
+
+    /// Counts one unpaced datagram of `size` bytes, built at the start of the buffer, and
+    /// describes it for the driver.
+    fn single_datagram(&mut self, now: Instant, size: usize) -> Transmit {
+        self.count_sent(now, size);
+        Transmit {
+            destination: self.remote,
+            size,
+            segment_size: None,
+            departure: now,
         }
     }
 
@@ -1215,26 +1221,13 @@ impl Connection {
         init.sent_at = Some(now);
         init.next_attempt = Some(now + HANDSHAKE_RETRY * (1 << init.attempts.min(16)));
         init.attempts += 1;
-        let size = INITIATION_HEADER_LEN + n;
-        self.count_sent(now, size);
-        Some(Transmit {
-            destination: self.remote,
-            size,
-            segment_size: None,
-            departure: now,
-        })
+        Some(self.single_datagram(now, INITIATION_HEADER_LEN + n))
     }
 
     fn transmit_close(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let (code, reason) = self.close_frame.clone()?;
         let size = self.seal_packet(now, buf, |w| frame::emit_close(w, code, &reason))?;
-        self.count_sent(now, size);
-        Some(Transmit {
-            destination: self.remote,
-            size,
-            segment_size: None,
-            departure: now,
-        })
+        Some(self.single_datagram(now, size))
     }
 
     /// Writes one packet into `buf` with frames from `fill`, encrypts it, and returns its size.

@@ -157,8 +157,7 @@ impl Pair {
         self.links[from].send(self.now, datagram);
     }
 
-    /// Every datagram the links deliver is also given to `tap` (side index, bytes) first.
-    /// Returns what is due now, then lets everything transmit, then advances the clock to the
+    /// Delivers what is due now, then lets everything transmit, then advances the clock to the
     /// next event. Returns false when nothing is left to happen.
     pub fn step(&mut self) -> bool {
         self.step_with(&mut |_, _| {})

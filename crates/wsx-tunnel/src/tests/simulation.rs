@@ -87,6 +87,16 @@ fn reverse_packets_are_at_most_one_per_twenty_data_packets() {
     }
 }
 
+/// The first receiver bucket (buckets are one RTT, 100 ms, long) in which goodput reached 90 %
+/// of the bottleneck.
+fn first_rtt_at_90_percent(transfers: &Transfers) -> usize {
+    transfers
+        .delivered
+        .iter()
+        .position(|&b| b as f64 >= 0.9 * RATE as f64 * 0.1)
+        .expect("never reached 90 %")
+}
+
 /// From a cold start, the delivery rate reaches 90 % of the bottleneck within 10 RTTs of the
 /// first byte.
 #[test]
@@ -95,12 +105,7 @@ fn reaches_90_percent_within_ten_round_trips() {
     let mut transfers = Transfers::new(0);
     transfers.start(&mut pair, 1 << 40);
     run_for(&mut pair, &mut transfers, Duration::from_secs(3));
-    // Buckets are one RTT (100 ms) long.
-    let first = transfers
-        .delivered
-        .iter()
-        .position(|&b| b as f64 >= 0.9 * RATE as f64 * 0.1)
-        .expect("never reached 90 %");
+    let first = first_rtt_at_90_percent(&transfers);
     assert!(
         first < 10,
         "first bucket at 90 %: {first}: {:?}",
@@ -130,11 +135,7 @@ fn a_warm_start_reaches_90_percent_within_three_round_trips() {
     let mut transfers = Transfers::new(0);
     transfers.start(&mut pair, 1 << 40);
     run_for(&mut pair, &mut transfers, Duration::from_secs(1));
-    let first = transfers
-        .delivered
-        .iter()
-        .position(|&b| b as f64 >= 0.9 * RATE as f64 * 0.1)
-        .expect("never reached 90 %");
+    let first = first_rtt_at_90_percent(&transfers);
     assert!(
         first < 3,
         "first bucket at 90 %: {first}: {:?}",
