@@ -37,6 +37,8 @@ mod config;
 pub mod congestion;
 mod connection;
 mod crypto;
+#[cfg(feature = "driver")]
+pub mod driver;
 mod endpoint;
 mod frame;
 mod pacing;

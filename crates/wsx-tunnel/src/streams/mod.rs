@@ -202,6 +202,9 @@ struct Stream {
     bucket: Option<TokenBucket>,
     readable_notified: bool,
     write_blocked: bool,
+    /// The application was told the end (`read` returned `Ok(None)`). Until then the stream
+    /// is kept, so that the end is reported rather than an unknown stream.
+    end_read: bool,
 }
 
 impl Stream {
@@ -222,6 +225,7 @@ impl Stream {
             bucket: None,
             readable_notified: false,
             write_blocked: false,
+            end_read: false,
         }
     }
 
@@ -236,10 +240,7 @@ impl Stream {
     /// Both directions are over and nothing more needs to be sent or kept.
     fn is_closed(&self) -> bool {
         let open_done = matches!(self.open, OpenState::Remote | OpenState::Acked);
-        open_done
-            && self.send.is_done()
-            && self.recv.is_finished()
-            && self.reset == ResetState::None
+        open_done && self.send.is_done() && self.end_read && self.reset == ResetState::None
     }
 }
 
@@ -457,6 +458,7 @@ impl Streams {
         if n == 0 {
             stream.readable_notified = false;
             if stream.recv.is_finished() {
+                stream.end_read = true;
                 self.maybe_close(id);
                 return Ok(None);
             }
@@ -476,11 +478,7 @@ impl Streams {
                 self.max_stream_data.push_back(id);
             }
         }
-        let finished = stream.recv.is_finished();
         self.consume(n as u64);
-        if finished {
-            self.maybe_close(id);
-        }
         Ok(Some(n))
     }
 

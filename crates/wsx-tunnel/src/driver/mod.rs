@@ -1,0 +1,796 @@
+//! The driver: an [`Endpoint`] and its connections on a real UDP socket (feature `driver`).
+//!
+//! # Shape
+//!
+//! One tokio task per socket (the *I/O task*) owns the socket, the pacing timer and the list
+//! of connections. Each connection sits behind its own mutex, shared with the application's
+//! [`Tunnel`] and [`Stream`] handles, as in quinn. Locks are held only for a call into the
+//! sans-IO core, never across a system call or an `.await`:
+//!
+//! ```text
+//!             ┌──────────── I/O task ────────────┐
+//!  socket ──> │ recvmmsg/GRO ─> Endpoint (route) │ ──lock──> Connection ──> events ─> wakers
+//!  socket <── │ GSO sendmsg <─ poll_transmit     │ <─lock─── Connection <── Stream::write
+//!  timerfd ─> │ handle_timeout (pacing, loss)    │            (touch: wake the I/O task)
+//!             └──────────────────────────────────┘
+//! ```
+//!
+//! An application call that gives a connection something to send (a write, a read that
+//! frees window, a finish, a control message) marks the connection and wakes the I/O task,
+//! which then asks only marked connections, connections that received datagrams and
+//! connections whose timer is due for transmits.
+//!
+//! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
+//! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
+//! timerfd until then (see `timer.rs` for why not tokio's timer).
+//!
+//! The driver is the only place that reads the clock.
+
+mod socket;
+mod stream;
+mod timer;
+
+pub use socket::SOCKET_BUFFER;
+pub use stream::Stream;
+
+use crate::config::EndpointConfig;
+use crate::connection::{Connection, ConnectionError, ConnectionStats, ControlError, Event};
+use crate::crypto::PublicKey;
+use crate::endpoint::{ConnectError, ConnectionHandle, DatagramEvent, Endpoint, EndpointStats};
+use crate::streams::{StreamError, StreamId, StreamMeta};
+use quinn_udp::UdpSocketState;
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::net::UdpSocket;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+/// Receive calls made per wake-up before the task turns to sending: acknowledgements must
+/// not wait behind a long burst of arrivals.
+const RECEIVE_CALLS_PER_ROUND: usize = 16;
+
+/// Transmits taken from one connection per round, so that one busy connection cannot starve
+/// the others of the socket. A paced connection yields far fewer (one burst per pacing
+/// interval).
+const TRANSMITS_PER_ROUND: usize = 64;
+
+/// How long a shutting-down driver waits for its connections to finish closing.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The driver reads the clock; the core never does.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the driver is where time comes from"
+)]
+fn now() -> Instant {
+    Instant::now()
+}
+
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the driver is where time comes from"
+)]
+fn unix_time() -> Duration {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Counters of the socket and the endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DriverStats {
+    /// Datagrams received (GRO batches counted by segment).
+    pub datagrams_received: u64,
+    /// `recvmmsg`/`recvmsg` calls that returned data.
+    pub receive_calls: u64,
+    /// Datagrams sent.
+    pub datagrams_sent: u64,
+    /// `sendmsg` calls (one per GSO batch).
+    pub send_calls: u64,
+    /// Sends the kernel refused with an error other than a full buffer.
+    pub send_errors: u64,
+    pub endpoint: EndpointStats,
+}
+
+/// Runs an endpoint on a UDP socket. See the module documentation.
+///
+/// Dropping the driver closes every connection (CLOSE frames are sent) and stops the I/O
+/// task once they are closed, or after a short grace period.
+#[derive(Debug)]
+pub struct Driver {
+    shared: Arc<Shared>,
+    incoming: tokio::sync::Mutex<mpsc::UnboundedReceiver<Tunnel>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Driver {
+    /// Binds a UDP socket at `addr` (an unspecified IPv6 address serves IPv4 too) with
+    /// [`SOCKET_BUFFER`]-sized kernel buffers and starts the I/O task on the current tokio
+    /// runtime.
+    pub fn bind(addr: SocketAddr, config: EndpointConfig) -> io::Result<Self> {
+        let socket = socket::bind(addr)?;
+        socket::set_buffers(&socket, SOCKET_BUFFER);
+        Self::from_socket(socket, config)
+    }
+
+    /// Runs on a socket the caller created and configured (a mark, a device binding, buffer
+    /// sizes). It is switched to non-blocking mode.
+    pub fn from_socket(socket: std::net::UdpSocket, config: EndpointConfig) -> io::Result<Self> {
+        socket.set_nonblocking(true)?;
+        let state = UdpSocketState::new((&socket).into())?;
+        let socket = UdpSocket::from_std(socket)?;
+        let local_addr = socket.local_addr()?;
+        let endpoint = Endpoint::new(config);
+        let (accepted, incoming) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            wake: Notify::new(),
+            core: Mutex::new(Core {
+                endpoint,
+                added: Vec::new(),
+            }),
+            shutdown: AtomicBool::new(false),
+            local_addr,
+            stats: Counters::default(),
+        });
+        let (max_datagram, max_burst) = send_limits(&shared);
+        let io = Io {
+            recv: socket::RecvBuffers::new(&state),
+            send: vec![0; max_datagram * max_burst].into_boxed_slice(),
+            max_datagram,
+            max_burst,
+            ipv6_socket: local_addr.is_ipv6(),
+            shared: shared.clone(),
+            socket,
+            state,
+            timer: timer::Timer::new()?,
+            connections: HashMap::new(),
+            accepted,
+            routes: Vec::new(),
+        };
+        let span = tracing::info_span!("tunnel driver", local = %local_addr);
+        let task = tokio::spawn(io.run().instrument(span));
+        Ok(Self {
+            shared,
+            incoming: tokio::sync::Mutex::new(incoming),
+            task: Some(task),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        self.shared.core().endpoint.public_key()
+    }
+
+    /// Starts a connection to `peer` at `remote`; wait for it with [`Tunnel::established`].
+    pub fn connect(&self, remote: SocketAddr, peer: PublicKey) -> Result<Tunnel, ConnectError> {
+        let mut core = self.shared.core();
+        let (handle, connection) = core.endpoint.connect(now(), unix_time(), remote, peer)?;
+        let link = Link::new(handle, peer, connection, self.shared.clone());
+        core.added.push(link.clone());
+        drop(core);
+        self.shared.wake.notify_one();
+        Ok(Tunnel { link })
+    }
+
+    /// The next connection a peer initiated; `None` once the driver has stopped.
+    pub async fn accept(&self) -> Option<Tunnel> {
+        self.incoming.lock().await.recv().await
+    }
+
+    pub fn stats(&self) -> DriverStats {
+        let c = &self.shared.stats;
+        DriverStats {
+            datagrams_received: c.datagrams_received.load(Ordering::Relaxed),
+            receive_calls: c.receive_calls.load(Ordering::Relaxed),
+            datagrams_sent: c.datagrams_sent.load(Ordering::Relaxed),
+            send_calls: c.send_calls.load(Ordering::Relaxed),
+            send_errors: c.send_errors.load(Ordering::Relaxed),
+            endpoint: self.shared.core().endpoint.stats(),
+        }
+    }
+
+    /// Closes every connection and waits until the I/O task has stopped.
+    pub async fn shutdown(mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+        if let Some(task) = self.task.take() {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "tunnel driver task failed");
+            }
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+    }
+}
+
+/// One connection to a peer, as the application holds it. Clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Tunnel {
+    link: Arc<Link>,
+}
+
+impl Tunnel {
+    pub fn peer(&self) -> PublicKey {
+        self.link.peer
+    }
+
+    pub fn remote_address(&self) -> SocketAddr {
+        self.link.lock().connection.remote_address()
+    }
+
+    pub fn stats(&self) -> ConnectionStats {
+        self.link.lock().connection.stats()
+    }
+
+    /// The smoothed round-trip time.
+    pub fn rtt(&self) -> Duration {
+        self.link.lock().connection.rtt().smoothed()
+    }
+
+    /// Why the connection ended, once it has.
+    pub fn error(&self) -> Option<ConnectionError> {
+        self.link.lock().error.clone()
+    }
+
+    /// Completes when the handshake has; fails if the connection ended first.
+    pub async fn established(&self) -> Result<(), ConnectionError> {
+        poll_fn(|cx| {
+            let mut state = self.link.lock();
+            if let Some(e) = &state.error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            if state.connection.is_established() {
+                return Poll::Ready(Ok(()));
+            }
+            register(&mut state.waiters, cx);
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Opens a stream carrying `meta` to the peer. Data can be written at once; it leaves
+    /// when the handshake has completed.
+    pub fn open(&self, meta: StreamMeta) -> Result<Stream, StreamError> {
+        let mut state = self.link.lock();
+        let id = state.connection.open_stream(meta.clone())?;
+        let stream = Stream::new(self.link.clone(), &mut state, id, meta);
+        drop(state);
+        self.link.touch();
+        Ok(stream)
+    }
+
+    /// The next stream the peer opened.
+    pub async fn accept_stream(&self) -> Result<Stream, ConnectionError> {
+        poll_fn(|cx| {
+            let mut state = self.link.lock();
+            while let Some(id) = state.incoming.pop_front() {
+                // A stream the peer already reset and the core forgot has no metadata left.
+                if let Some(meta) = state.connection.stream_meta(id) {
+                    let meta = meta.clone();
+                    let stream = Stream::new(self.link.clone(), &mut state, id, meta);
+                    return Poll::Ready(Ok(stream));
+                }
+            }
+            if let Some(e) = &state.error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            register(&mut state.waiters, cx);
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Queues a control message; it is delivered reliably and in order.
+    pub fn send_control(&self, message: &[u8]) -> Result<(), ControlError> {
+        self.link.lock().connection.send_control(message)?;
+        self.link.touch();
+        Ok(())
+    }
+
+    /// The next control message from the peer.
+    pub async fn recv_control(&self) -> Result<Vec<u8>, ConnectionError> {
+        poll_fn(|cx| {
+            let mut state = self.link.lock();
+            if let Some(message) = state.controls.pop_front() {
+                return Poll::Ready(Ok(message));
+            }
+            if let Some(e) = &state.error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            register(&mut state.waiters, cx);
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Closes the connection: every stream ends, the peer is told with `code` and `reason`.
+    pub fn close(&self, code: u64, reason: &[u8]) {
+        self.link.lock().connection.close(now(), code, reason);
+        self.link.touch();
+    }
+
+    /// Completes when the connection has ended, with the reason.
+    pub async fn closed(&self) -> ConnectionError {
+        poll_fn(|cx| {
+            let mut state = self.link.lock();
+            if let Some(e) = &state.error {
+                return Poll::Ready(e.clone());
+            }
+            register(&mut state.waiters, cx);
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Adds `cx`'s waker to `wakers` unless it is there already.
+fn register(wakers: &mut Vec<Waker>, cx: &Context<'_>) {
+    if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+        wakers.push(cx.waker().clone());
+    }
+}
+
+/// Makes `cx`'s task the one `slot` wakes.
+fn register_once(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        *slot = Some(cx.waker().clone());
+    }
+}
+
+/// What the I/O task and the application handles share about the whole socket.
+#[derive(Debug)]
+struct Shared {
+    /// Wakes the I/O task: a connection was marked or added, or shutdown was asked for.
+    wake: Notify,
+    core: Mutex<Core>,
+    shutdown: AtomicBool,
+    local_addr: SocketAddr,
+    stats: Counters,
+}
+
+impl Shared {
+    fn core(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock leaves the endpoint as consistent as its last
+        // completed call; carry on with it.
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[derive(Debug)]
+struct Core {
+    endpoint: Endpoint,
+    /// Connections started by `connect`, for the I/O task to adopt.
+    added: Vec<Arc<Link>>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    datagrams_received: AtomicU64,
+    receive_calls: AtomicU64,
+    datagrams_sent: AtomicU64,
+    send_calls: AtomicU64,
+    send_errors: AtomicU64,
+}
+
+/// One connection, shared between the I/O task and the application's handles.
+#[derive(Debug)]
+struct Link {
+    handle: ConnectionHandle,
+    peer: PublicKey,
+    state: Mutex<LinkState>,
+    /// Set by the application when the connection may have something new to send.
+    marked: AtomicBool,
+    shared: Arc<Shared>,
+}
+
+impl Link {
+    fn new(
+        handle: ConnectionHandle,
+        peer: PublicKey,
+        connection: Connection,
+        shared: Arc<Shared>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            handle,
+            peer,
+            state: Mutex::new(LinkState {
+                connection,
+                error: None,
+                streams: HashMap::new(),
+                incoming: VecDeque::new(),
+                controls: VecDeque::new(),
+                waiters: Vec::new(),
+            }),
+            marked: AtomicBool::new(true),
+            shared,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LinkState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells the I/O task to look at this connection.
+    fn touch(&self) {
+        if !self.marked.swap(true, Ordering::AcqRel) {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct LinkState {
+    connection: Connection,
+    error: Option<ConnectionError>,
+    /// The streams that have a [`Stream`] handle.
+    streams: HashMap<StreamId, StreamSlot>,
+    /// Streams the peer opened, not yet accepted.
+    incoming: VecDeque<StreamId>,
+    controls: VecDeque<Vec<u8>>,
+    /// Tasks waiting for anything connection-wide (establishment, a stream, a control
+    /// message, the end).
+    waiters: Vec<Waker>,
+}
+
+impl LinkState {
+    /// Turns the core's events into wake-ups.
+    fn dispatch_events(&mut self) {
+        while let Some(event) = self.connection.poll_event() {
+            match event {
+                Event::Connected => self.wake_waiters(),
+                Event::StreamOpened(id) => {
+                    self.incoming.push_back(id);
+                    self.wake_waiters();
+                }
+                Event::StreamReadable(id) => {
+                    if let Some(slot) = self.streams.get_mut(&id) {
+                        wake(slot.reader.take());
+                    }
+                }
+                Event::StreamWritable(id) => {
+                    if let Some(slot) = self.streams.get_mut(&id) {
+                        wake(slot.writer.take());
+                    }
+                }
+                Event::StreamReset { id, code } => {
+                    if let Some(slot) = self.streams.get_mut(&id) {
+                        slot.reset = Some(code);
+                        slot.wake();
+                    }
+                }
+                Event::Control(message) => {
+                    self.controls.push_back(message);
+                    self.wake_waiters();
+                }
+                Event::ConnectionLost(e) => {
+                    tracing::debug!(error = %e, "connection ended");
+                    self.error = Some(e);
+                    self.wake_all();
+                }
+            }
+        }
+    }
+
+    fn wake_waiters(&mut self) {
+        self.waiters.drain(..).for_each(Waker::wake);
+    }
+
+    fn wake_all(&mut self) {
+        self.wake_waiters();
+        self.streams.values_mut().for_each(StreamSlot::wake);
+    }
+}
+
+/// What the driver keeps for a stream with a handle.
+#[derive(Debug, Default)]
+struct StreamSlot {
+    /// Tasks waiting to read or to write.
+    reader: Option<Waker>,
+    writer: Option<Waker>,
+    /// The peer reset the stream with this code (the core has forgotten it).
+    reset: Option<u64>,
+}
+
+impl StreamSlot {
+    fn wake(&mut self) {
+        wake(self.reader.take());
+        wake(self.writer.take());
+    }
+}
+
+fn wake(waker: Option<Waker>) {
+    if let Some(w) = waker {
+        w.wake();
+    }
+}
+
+/// Largest datagram and most datagrams per send, from the transport settings.
+fn send_limits(shared: &Shared) -> (usize, usize) {
+    let core = shared.core();
+    let transport = core.endpoint.transport_config();
+    (
+        usize::from(transport.max_datagram),
+        transport.max_burst_packets.max(1),
+    )
+}
+
+/// The I/O task's own state.
+struct Io {
+    shared: Arc<Shared>,
+    socket: UdpSocket,
+    state: UdpSocketState,
+    ipv6_socket: bool,
+    timer: timer::Timer,
+    connections: HashMap<ConnectionHandle, Entry>,
+    accepted: mpsc::UnboundedSender<Tunnel>,
+    recv: socket::RecvBuffers,
+    /// The GSO buffer: `max_burst` datagrams of `max_datagram` bytes.
+    send: Box<[u8]>,
+    max_datagram: usize,
+    max_burst: usize,
+    /// Received datagrams routed to a connection: (offset, length, source, connection).
+    routes: Vec<(usize, usize, SocketAddr, ConnectionHandle)>,
+}
+
+struct Entry {
+    link: Arc<Link>,
+    /// The connection's `poll_timeout` when last looked at.
+    timeout: Option<Instant>,
+    /// Datagrams arrived since it was last serviced.
+    received: bool,
+}
+
+impl Io {
+    async fn run(mut self) {
+        let mut shutdown_started: Option<Instant> = None;
+        loop {
+            self.adopt_started();
+            let now = now();
+            if shutdown_started.is_none() && self.shared.shutdown.load(Ordering::Acquire) {
+                shutdown_started = Some(now);
+                self.close_all(now);
+            }
+            if let Err(e) = self.service(now).await {
+                tracing::error!(error = %e, "tunnel socket failed; stopping");
+                break;
+            }
+            if let Some(started) = shutdown_started {
+                if self.connections.is_empty() || now >= started + SHUTDOWN_GRACE {
+                    break;
+                }
+            }
+            match self.connections.values().filter_map(|e| e.timeout).min() {
+                Some(deadline) => self.timer.arm(deadline.saturating_duration_since(now)),
+                None => self.timer.disarm(),
+            }
+            tokio::select! {
+                biased;
+                ready = self.socket.readable() => match ready {
+                    Ok(()) => self.receive(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "tunnel socket failed; stopping");
+                        break;
+                    }
+                },
+                expired = self.timer.expired() => {
+                    if let Err(e) = expired {
+                        tracing::error!(error = %e, "tunnel timer failed; stopping");
+                        break;
+                    }
+                }
+                () = self.shared.wake.notified() => {}
+            }
+        }
+        self.timer.disarm();
+        for entry in self.connections.values() {
+            let mut state = entry.link.lock();
+            if state.error.is_none() {
+                state.error = Some(ConnectionError::LocallyClosed);
+            }
+            state.wake_all();
+        }
+    }
+
+    fn adopt_started(&mut self) {
+        let added = std::mem::take(&mut self.shared.core().added);
+        for link in added {
+            self.adopt(link);
+        }
+    }
+
+    fn adopt(&mut self, link: Arc<Link>) {
+        self.connections.insert(
+            link.handle,
+            Entry {
+                link,
+                timeout: None,
+                received: false,
+            },
+        );
+    }
+
+    fn close_all(&mut self, now: Instant) {
+        for entry in self.connections.values() {
+            entry.link.lock().connection.close(now, 0, b"shutting down");
+            entry.link.marked.store(true, Ordering::Release);
+        }
+    }
+
+    /// Reads what the socket has and hands each datagram to the endpoint and its connection.
+    fn receive(&mut self) {
+        let now = now();
+        for _ in 0..RECEIVE_CALLS_PER_ROUND {
+            let filled = match self.recv.receive(&self.socket, &self.state) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    // ICMP errors reported on the socket and the like: not fatal.
+                    tracing::debug!(error = %e, "receive failed");
+                    break;
+                }
+            };
+            self.shared
+                .stats
+                .receive_calls
+                .fetch_add(1, Ordering::Relaxed);
+            self.route(now, filled);
+            self.deliver(now);
+        }
+    }
+
+    /// Asks the endpoint where each received datagram goes.
+    fn route(&mut self, now: Instant, filled: usize) {
+        self.routes.clear();
+        let mut new = Vec::new();
+        let mut count = 0;
+        {
+            let mut core = self.shared.core();
+            for slot in 0..filled {
+                let from = socket::canonical(self.recv.meta[slot].addr);
+                for (offset, len) in self.recv.segments(slot) {
+                    count += 1;
+                    let datagram = &self.recv.data()[offset..offset + len];
+                    match core.endpoint.handle(now, from, datagram) {
+                        Some(DatagramEvent::Route(handle)) => {
+                            self.routes.push((offset, len, from, handle));
+                        }
+                        Some(DatagramEvent::NewConnection {
+                            handle,
+                            connection,
+                            replaces,
+                        }) => new.push((handle, connection, replaces)),
+                        None => {}
+                    }
+                }
+            }
+        }
+        self.shared
+            .stats
+            .datagrams_received
+            .fetch_add(count, Ordering::Relaxed);
+        for (handle, connection, replaces) in new {
+            self.accept(handle, *connection, replaces);
+        }
+    }
+
+    fn accept(
+        &mut self,
+        handle: ConnectionHandle,
+        connection: Connection,
+        replaces: Option<ConnectionHandle>,
+    ) {
+        if let Some(old) = replaces.and_then(|h| self.connections.get_mut(&h)) {
+            let mut state = old.link.lock();
+            state.connection.replaced();
+            state.dispatch_events();
+            old.received = true;
+        }
+        let peer = connection.peer_key();
+        tracing::info!(%peer, remote = %connection.remote_address(), "peer connected");
+        let link = Link::new(handle, peer, connection, self.shared.clone());
+        self.adopt(link.clone());
+        // The receiver is gone only while the driver is being dropped.
+        let _ = self.accepted.send(Tunnel { link });
+    }
+
+    /// Hands routed datagrams to their connections, one lock per run of datagrams for the
+    /// same connection.
+    fn deliver(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.routes.len() {
+            let handle = self.routes[i].3;
+            let end = self.routes[i..]
+                .iter()
+                .position(|r| r.3 != handle)
+                .map_or(self.routes.len(), |n| i + n);
+            if let Some(entry) = self.connections.get_mut(&handle) {
+                let mut state = entry.link.lock();
+                for &(offset, len, from, _) in &self.routes[i..end] {
+                    let datagram = &mut self.recv.data_mut()[offset..offset + len];
+                    state.connection.handle_datagram(now, from, datagram);
+                }
+                state.dispatch_events();
+                entry.received = true;
+            }
+            i = end;
+        }
+    }
+
+    /// Runs due timers and sends what every connection that needs it has to send.
+    async fn service(&mut self, now: Instant) -> io::Result<()> {
+        let mut drained = Vec::new();
+        for entry in self.connections.values_mut() {
+            let marked = entry.link.marked.swap(false, Ordering::AcqRel);
+            let due = entry.timeout.is_some_and(|t| t <= now);
+            if !(marked || due || entry.received) {
+                continue;
+            }
+            entry.received = false;
+            if due {
+                entry.link.lock().connection.handle_timeout(now);
+            }
+            // The core builds as many datagrams as the buffer it is given holds; quinn-udp
+            // lowers its GSO limit to 1 if the network device turns GSO down.
+            let segments = self.state.max_gso_segments().clamp(1, self.max_burst);
+            let buf = &mut self.send[..segments * self.max_datagram];
+            for _ in 0..TRANSMITS_PER_ROUND {
+                let transmit = entry.link.lock().connection.poll_transmit(now, buf);
+                let Some(t) = transmit else { break };
+                let contents = &buf[..t.size];
+                let destination = socket::for_socket(t.destination, self.ipv6_socket);
+                let segments = t.segment_size.map_or(1, |s| t.size.div_ceil(s));
+                let stats = &self.shared.stats;
+                let sent = socket::send(
+                    &self.socket,
+                    &self.state,
+                    destination,
+                    contents,
+                    t.segment_size,
+                )
+                .await?;
+                match sent {
+                    socket::Sent::Sent => {
+                        stats.send_calls.fetch_add(1, Ordering::Relaxed);
+                        stats
+                            .datagrams_sent
+                            .fetch_add(segments as u64, Ordering::Relaxed);
+                    }
+                    socket::Sent::Refused(e) => {
+                        stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(%destination, error = %e, "send refused");
+                    }
+                }
+            }
+            let mut state = entry.link.lock();
+            state.dispatch_events();
+            entry.timeout = state.connection.poll_timeout();
+            if state.connection.is_drained() {
+                drained.push((entry.link.handle, state.connection.path_hint()));
+            }
+        }
+        if !drained.is_empty() {
+            let mut core = self.shared.core();
+            for (handle, hint) in drained {
+                core.endpoint.forget(handle, hint);
+                self.connections.remove(&handle);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,215 @@
+//! The UDP socket: creation, buffer sizes, and batched sends and receives through quinn-udp
+//! (GSO: one `sendmsg` per pacing burst; GRO and `recvmmsg`: many datagrams per `recvmsg`).
+
+use quinn_udp::{RecvMeta, UdpSocketState};
+use socket2::{Domain, Protocol, Socket, Type};
+use std::io::{self, IoSliceMut};
+use std::net::{SocketAddr, SocketAddrV6};
+use std::os::fd::AsRawFd;
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
+
+/// Kernel buffer asked for in each direction. A 1 Gbit/s tunnel receives 1.25 MB every
+/// 10 ms; the buffer absorbs the time the driver task is busy elsewhere (or descheduled)
+/// without the kernel dropping datagrams that already crossed the WAN.
+pub const SOCKET_BUFFER: usize = 8 << 20;
+
+/// Largest datagram accepted from a peer. Peers send at most their `max_datagram`, which is
+/// at most 1452 bytes (IPv6 on a 1500-byte MTU) in any sane configuration; this leaves room.
+pub(super) const MAX_RECEIVE_DATAGRAM: usize = 2048;
+
+/// A bound, non-blocking UDP socket. An unspecified IPv6 address accepts IPv4 as well.
+pub(super) fn bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// Sets both kernel buffers to `bytes`. Above `net.core.{r,w}mem_max` the kernel silently
+/// caps the size unless the process has `CAP_NET_ADMIN` and uses the `*BUFFORCE` options, so
+/// those are tried first; a smaller result is logged with the sysctl to raise.
+pub(super) fn set_buffers(socket: &std::net::UdpSocket, bytes: usize) {
+    let sock = socket2::SockRef::from(socket);
+    for (force, name) in [
+        (libc::SO_RCVBUFFORCE, "net.core.rmem_max"),
+        (libc::SO_SNDBUFFORCE, "net.core.wmem_max"),
+    ] {
+        let forced = set_forced(socket, force, bytes).is_ok();
+        let (result, actual) = if force == libc::SO_RCVBUFFORCE {
+            let r = if forced {
+                Ok(())
+            } else {
+                sock.set_recv_buffer_size(bytes)
+            };
+            (r, sock.recv_buffer_size())
+        } else {
+            let r = if forced {
+                Ok(())
+            } else {
+                sock.set_send_buffer_size(bytes)
+            };
+            (r, sock.send_buffer_size())
+        };
+        // Linux reports twice the size set (it counts its bookkeeping overhead).
+        match (result, actual) {
+            (Ok(()), Ok(actual)) if actual / 2 >= bytes => {}
+            (_, actual) => tracing::warn!(
+                wanted = bytes,
+                actual = actual.map(|a| a / 2).unwrap_or(0),
+                "UDP socket buffer smaller than wanted; raise {name} (or run with CAP_NET_ADMIN)"
+            ),
+        }
+    }
+}
+
+fn set_forced(socket: &std::net::UdpSocket, option: libc::c_int, bytes: usize) -> io::Result<()> {
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is open for the borrow of `socket`, and `value` is a c_int that
+    // outlives the call, whose size is passed with it.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            (&raw const value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The address as the rest of the crate sees it: IPv4 peers of a dual-stack socket arrive as
+/// IPv4-mapped IPv6 addresses and are turned back into IPv4.
+pub(super) fn canonical(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::new(addr.ip().to_canonical(), addr.port())
+}
+
+/// The address to hand to the kernel: an IPv6 socket sends to IPv4 peers through their
+/// IPv4-mapped address.
+pub(super) fn for_socket(addr: SocketAddr, ipv6_socket: bool) -> SocketAddr {
+    match addr {
+        SocketAddr::V4(v4) if ipv6_socket => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
+        other => other,
+    }
+}
+
+/// Receive buffers for one `recvmmsg` call: [`quinn_udp::BATCH_SIZE`] slots, each large
+/// enough for a GRO batch.
+#[derive(Debug)]
+pub(super) struct RecvBuffers {
+    data: Box<[u8]>,
+    slot: usize,
+    pub(super) meta: [RecvMeta; quinn_udp::BATCH_SIZE],
+}
+
+impl RecvBuffers {
+    pub(super) fn new(state: &UdpSocketState) -> Self {
+        // GRO coalesces at most 64 KiB into one buffer, whatever the segment count.
+        let slot = (state.gro_segments() * MAX_RECEIVE_DATAGRAM).min(u16::MAX as usize);
+        Self {
+            data: vec![0; slot * quinn_udp::BATCH_SIZE].into_boxed_slice(),
+            slot,
+            meta: [RecvMeta::default(); quinn_udp::BATCH_SIZE],
+        }
+    }
+
+    /// Reads as many datagrams as one call can; returns the number of slots filled, or
+    /// `WouldBlock` when nothing is waiting.
+    pub(super) fn receive(
+        &mut self,
+        socket: &UdpSocket,
+        state: &UdpSocketState,
+    ) -> io::Result<usize> {
+        socket.try_io(Interest::READABLE, || {
+            let mut chunks = self.data.chunks_mut(self.slot).map(IoSliceMut::new);
+            let mut slices: [IoSliceMut<'_>; quinn_udp::BATCH_SIZE] =
+                std::array::from_fn(|_| chunks.next().expect("BATCH_SIZE slots were allocated"));
+            state.recv(socket.into(), &mut slices, &mut self.meta)
+        })
+    }
+
+    /// Slot `i`'s received bytes, as datagrams: `(offset, len)` pairs within
+    /// [`RecvBuffers::data_mut`], one per GRO segment.
+    pub(super) fn segments(&self, i: usize) -> impl Iterator<Item = (usize, usize)> + use<> {
+        let meta = self.meta[i];
+        let base = i * self.slot;
+        let len = meta.len.min(self.slot);
+        let stride = meta.stride.max(1);
+        (0..len)
+            .step_by(stride)
+            .map(move |start| (base + start, stride.min(len - start)))
+    }
+
+    pub(super) fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    pub(super) fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.data
+    }
+}
+
+/// What became of a send.
+#[derive(Debug)]
+pub(super) enum Sent {
+    Sent,
+    /// The kernel refused the datagrams (no route, message too large, ...). They are lost;
+    /// the tunnel's loss recovery treats them like losses on the path.
+    Refused(io::Error),
+}
+
+/// Sends `contents` (several datagrams of `segment_size` when given), waiting while the
+/// socket's buffer is full. An error is returned only when waiting for the socket fails.
+pub(super) async fn send(
+    socket: &UdpSocket,
+    state: &UdpSocketState,
+    destination: SocketAddr,
+    contents: &[u8],
+    segment_size: Option<usize>,
+) -> io::Result<Sent> {
+    let transmit = quinn_udp::Transmit {
+        destination,
+        ecn: None,
+        contents,
+        segment_size,
+        src_ip: None,
+    };
+    loop {
+        match socket.try_io(Interest::WRITABLE, || {
+            state.try_send(socket.into(), &transmit)
+        }) {
+            Ok(()) => return Ok(Sent::Sent),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => socket.writable().await?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Ok(Sent::Refused(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn mapped_addresses_round_trip() {
+        let v4 = SocketAddr::from((Ipv4Addr::new(10, 71, 2, 2), 4500));
+        let mapped = for_socket(v4, true);
+        assert!(mapped.is_ipv6());
+        assert_eq!(canonical(mapped), v4);
+        assert_eq!(for_socket(v4, false), v4);
+        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, 4500));
+        assert_eq!(for_socket(v6, true), v6);
+        assert_eq!(canonical(v6), v6);
+    }
+}

@@ -1,0 +1,59 @@
+//! The driver's wake-up timer: a `timerfd` registered with tokio's reactor.
+//!
+//! Pacing releases a burst about every millisecond (`pacing::BURST_INTERVAL`). tokio's own
+//! timer wheel has millisecond granularity and rounds deadlines up, so bursts would leave up
+//! to a whole interval late and the pacer's catch-up allowance would be used up by the timer
+//! alone. A timerfd fires at the requested nanosecond (within the kernel's hrtimer slack,
+//! ~50 µs by default) and wakes the same epoll loop as the socket.
+
+use std::io;
+use std::time::Duration;
+use timerfd::{ClockId, SetTimeFlags, TimerFd, TimerState};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+/// The shortest delay armed: a zero duration would disarm a timerfd instead of firing it.
+const MIN_DELAY: Duration = Duration::from_micros(1);
+
+#[derive(Debug)]
+pub(super) struct Timer {
+    fd: AsyncFd<TimerFd>,
+}
+
+impl Timer {
+    pub(super) fn new() -> io::Result<Self> {
+        let fd = TimerFd::new_custom(ClockId::Monotonic, true, true)?;
+        // SAFETY: a `TimerFd` owns its descriptor, keeps it open until it is dropped, and
+        // always reports the same one; the `AsyncFd` owns the `TimerFd`.
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
+        Ok(Self { fd })
+    }
+
+    /// Fires once, `delay` from now (replacing any earlier setting).
+    pub(super) fn arm(&mut self, delay: Duration) {
+        self.fd.get_mut().set_state(
+            TimerState::Oneshot(delay.max(MIN_DELAY)),
+            SetTimeFlags::Default,
+        );
+    }
+
+    pub(super) fn disarm(&mut self) {
+        self.fd
+            .get_mut()
+            .set_state(TimerState::Disarmed, SetTimeFlags::Default);
+    }
+
+    /// Completes when the armed time has come. Never completes while disarmed.
+    pub(super) async fn expired(&self) -> io::Result<()> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            // Non-blocking read: 0 when the readiness was stale (the timer was re-armed after
+            // it fired, which clears its count).
+            let expirations = guard.get_inner().read();
+            guard.clear_ready();
+            if expirations > 0 {
+                return Ok(());
+            }
+        }
+    }
+}
