@@ -108,6 +108,8 @@ pub struct Adaptive {
     initial_window: u64,
     pacing_rate: u64,
     window: u64,
+    /// See [`PathParams::peer_ack_delay`].
+    peer_ack_delay: Duration,
     in_flight: u64,
     pattern: LossPattern,
     congestion_events: u64,
@@ -122,6 +124,7 @@ impl Adaptive {
         let initial_rate = rate_of(initial_window, min_rtt);
         let mut this = Self {
             max_datagram: params.max_datagram,
+            peer_ack_delay: params.peer_ack_delay,
             phase: Phase::RapidStart,
             bottleneck: WindowedMax::default(),
             min_rtt,
@@ -182,7 +185,11 @@ impl Adaptive {
             Phase::RapidStart | Phase::Drain => RAPID_START_WINDOW_GAIN,
             Phase::Optimal => OPTIMAL_WINDOW_GAIN,
         };
+        // Room for what is sent while the peer delays its acknowledgement, on top of the
+        // round trip's worth (BBR's allowance for aggregated ACKs, known here in advance).
+        let delayed = bytes_in(rate, self.peer_ack_delay);
         self.window = scale(self.bdp(), gain).max(MIN_WINDOW_PACKETS * self.max_datagram)
+            + delayed
             + MIN_WINDOW_PACKETS * self.max_datagram;
     }
 

@@ -69,6 +69,10 @@ pub struct PathParams {
     pub max_datagram: u64,
     /// The RTT measured by the handshake.
     pub initial_rtt: Duration,
+    /// The longest the peer holds an acknowledgement. Data sent meanwhile is in flight on top
+    /// of a round trip's worth, so a window of one BDP would stall the sender on a path
+    /// whose RTT is short next to this delay (a LAN, a metro link).
+    pub peer_ack_delay: Duration,
     /// Learned by an earlier connection to the same peer.
     pub hint: Option<PathHint>,
 }

@@ -424,6 +424,7 @@ impl Connection {
         let params = PathParams {
             max_datagram: self.max_datagram() as u64,
             initial_rtt: self.rtt.smoothed(),
+            peer_ack_delay: self.peer_max_ack_delay(),
             hint: self.hint,
         };
         self.controller = Some(self.config.congestion.build(now, &params));
