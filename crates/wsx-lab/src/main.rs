@@ -7,8 +7,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
 use wsx_lab::emulator::{self, Direction, EmulatorConfig, EmulatorHandle, LinkParams};
-use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
+use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions, TunnelKeys};
 use wsx_lab::{Lab, Node, WanSpec};
+use wsx_tunnel::{PublicKey, SecretKey};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -92,6 +93,8 @@ enum Cmd {
         /// Write the JSON report here ("-": stdout).
         #[arg(long, default_value = "-")]
         json: String,
+        #[command(flatten)]
+        tunnel: TunnelArgs,
     },
     /// Accept and verify traffic; prints "ready" once listening, then the report.
     Sink {
@@ -107,7 +110,30 @@ enum Cmd {
         /// Write the JSON report here ("-": stdout).
         #[arg(long, default_value = "-")]
         json: String,
+        #[command(flatten)]
+        tunnel: TunnelArgs,
     },
+}
+
+/// Carry the flows as streams of a wsx tunnel (memory to memory, no TCP): `--to` and
+/// `--listen` are then the tunnel's UDP addresses.
+#[derive(clap::Args, Debug)]
+struct TunnelArgs {
+    /// This side's tunnel secret key (base64).
+    #[arg(long, requires = "tunnel_peer")]
+    tunnel_secret: Option<SecretKey>,
+    /// The other side's public key (base64).
+    #[arg(long, requires = "tunnel_secret")]
+    tunnel_peer: Option<PublicKey>,
+}
+
+impl TunnelArgs {
+    fn keys(self) -> Option<TunnelKeys> {
+        Some(TunnelKeys {
+            secret: self.tunnel_secret?,
+            peer: self.tunnel_peer?,
+        })
+    }
 }
 
 fn main() -> Result<()> {
@@ -185,6 +211,7 @@ fn main() -> Result<()> {
             payload,
             seed,
             json,
+            tunnel,
         } => {
             let options = SendOptions {
                 to,
@@ -196,7 +223,10 @@ fn main() -> Result<()> {
                 seed,
                 receipt_timeout: Duration::from_secs(300),
             };
-            let report = traffic::send(&options)?;
+            let report = match tunnel.keys() {
+                Some(keys) => traffic::tunnel_send(to, &keys, &options)?,
+                None => traffic::send(&options)?,
+            };
             let error = report.flows.iter().find_map(|f| f.error.as_deref());
             finish(&json, &report, report.verified(), error)
         }
@@ -205,16 +235,25 @@ fn main() -> Result<()> {
             flows,
             idle_timeout_s,
             json,
+            tunnel,
         } => {
-            let listener =
-                TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
-            println!("ready {}", listener.local_addr()?);
-            std::io::stdout().flush()?;
             let options = SinkOptions {
                 flows,
                 idle_timeout: Duration::from_secs(idle_timeout_s),
             };
-            let report = traffic::sink(&listener, options)?;
+            let ready = |at: SocketAddr| {
+                println!("ready {at}");
+                let _ = std::io::stdout().flush();
+            };
+            let report = match tunnel.keys() {
+                Some(keys) => traffic::tunnel_sink(listen, &keys, options, ready)?,
+                None => {
+                    let listener = TcpListener::bind(listen)
+                        .with_context(|| format!("listening on {listen}"))?;
+                    ready(listener.local_addr()?);
+                    traffic::sink(&listener, options)?
+                }
+            };
             let error = report.flows.iter().find_map(|f| f.error.as_deref());
             finish(&json, &report, report.verified(), error)
         }

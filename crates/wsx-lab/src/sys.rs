@@ -63,10 +63,19 @@ pub struct Usage {
 
 /// Resource usage of the calling process.
 pub fn process_usage() -> Usage {
+    usage(libc::RUSAGE_SELF)
+}
+
+/// Resource usage of the calling thread (the peak RSS is still the process's).
+pub(crate) fn thread_usage() -> Usage {
+    usage(libc::RUSAGE_THREAD)
+}
+
+fn usage(who: libc::c_int) -> Usage {
     // SAFETY: rusage is plain data; getrusage fills it.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable rusage.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     Usage {
         user_s: secs(ru.ru_utime),

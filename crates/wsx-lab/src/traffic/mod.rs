@@ -13,11 +13,13 @@
 mod payload;
 mod send;
 mod sink;
+mod tunnel;
 mod udp;
 
 pub use payload::{Payload, PayloadKind};
 pub use send::{SendOptions, SendReport, SentFlow, send};
 pub use sink::{FlowReport, SinkOptions, SinkReport, sink};
+pub use tunnel::{TunnelKeys, TunnelReport, tunnel_send, tunnel_sink};
 pub use udp::send_paced;
 
 /// Width of a rate bucket.

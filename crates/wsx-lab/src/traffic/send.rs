@@ -42,6 +42,9 @@ pub struct SendReport {
     pub cpu_user_s: f64,
     /// System CPU seconds of the sender process.
     pub cpu_sys_s: f64,
+    /// The tunnel's side of the run, when the flows were tunnel streams.
+    #[serde(default)]
+    pub tunnel: Option<super::TunnelReport>,
 }
 
 impl SendReport {
@@ -100,6 +103,7 @@ pub fn send(options: &SendOptions) -> Result<SendReport> {
         flows,
         cpu_user_s: usage.user_s,
         cpu_sys_s: usage.sys_s,
+        tunnel: None,
     })
 }
 
@@ -139,30 +143,12 @@ fn try_send_flow(
         .connect(&options.to.into())
         .with_context(|| format!("connecting to {}", options.to))?;
     let mut stream: TcpStream = socket.into();
-    let header = Header {
-        kind: options.payload,
-        flow,
-        seed: options.seed,
-        origin_ns,
-        total_bytes: options.bytes.unwrap_or(0),
-    };
+    let header = header(options, flow, origin_ns);
     stream.write_all(&header.emit())?;
-
-    let mut payload = Payload::new(options.payload, options.seed, flow);
-    let mut chunk = vec![0u8; 128 * 1024];
-    let deadline_ns = origin_ns + (options.seconds * 1e9) as u64;
-    loop {
-        let n = match options.bytes {
-            Some(total) => (total - report.bytes).min(chunk.len() as u64) as usize,
-            None if sys::monotonic_ns() >= deadline_ns => 0,
-            None => chunk.len(),
-        };
-        if n == 0 {
-            break;
-        }
-        payload.fill(&mut chunk[..n]);
-        stream.write_all(&chunk[..n]).context("writing")?;
-        report.bytes += n as u64;
+    let mut source = Source::new(options, flow, origin_ns);
+    while let Some(chunk) = source.next_chunk() {
+        stream.write_all(chunk).context("writing")?;
+        report.bytes += chunk.len() as u64;
     }
     stream.shutdown(Shutdown::Write)?;
 
@@ -171,7 +157,59 @@ fn try_send_flow(
     stream
         .read_exact(&mut receipt)
         .context("waiting for the sink's receipt")?;
-    let receipt = Receipt::parse(&receipt).map_err(anyhow::Error::msg)?;
+    check_receipt(&receipt, report)
+}
+
+/// The header that starts flow `flow`.
+pub(super) fn header(options: &SendOptions, flow: u16, origin_ns: u64) -> Header {
+    Header {
+        kind: options.payload,
+        flow,
+        seed: options.seed,
+        origin_ns,
+        total_bytes: options.bytes.unwrap_or(0),
+    }
+}
+
+/// The payload of one flow, chunk by chunk, until its byte count or deadline.
+pub(super) struct Source {
+    payload: Payload,
+    chunk: Vec<u8>,
+    remaining: Option<u64>,
+    deadline_ns: u64,
+}
+
+impl Source {
+    pub(super) fn new(options: &SendOptions, flow: u16, origin_ns: u64) -> Self {
+        Self {
+            payload: Payload::new(options.payload, options.seed, flow),
+            chunk: vec![0u8; 128 * 1024],
+            remaining: options.bytes,
+            deadline_ns: origin_ns + (options.seconds * 1e9) as u64,
+        }
+    }
+
+    /// The next bytes to send; `None` when the flow is complete.
+    pub(super) fn next_chunk(&mut self) -> Option<&[u8]> {
+        let n = match self.remaining {
+            Some(left) => left.min(self.chunk.len() as u64) as usize,
+            None if sys::monotonic_ns() >= self.deadline_ns => 0,
+            None => self.chunk.len(),
+        };
+        if n == 0 {
+            return None;
+        }
+        if let Some(left) = &mut self.remaining {
+            *left -= n as u64;
+        }
+        self.payload.fill(&mut self.chunk[..n]);
+        Some(&self.chunk[..n])
+    }
+}
+
+/// Records the sink's receipt; an error unless it confirms every byte sent.
+pub(super) fn check_receipt(receipt: &[u8; RECEIPT_LEN], report: &mut SentFlow) -> Result<()> {
+    let receipt = Receipt::parse(receipt).map_err(anyhow::Error::msg)?;
     report.confirmed = receipt.bytes;
     report.verified = receipt.verified && receipt.bytes == report.bytes;
     if !report.verified {

@@ -27,6 +27,9 @@ pub struct SinkReport {
     pub cpu_user_s: f64,
     /// System CPU seconds of the sink process.
     pub cpu_sys_s: f64,
+    /// The tunnel's side of the run, when the flows were tunnel streams.
+    #[serde(default)]
+    pub tunnel: Option<super::TunnelReport>,
 }
 
 impl SinkReport {
@@ -84,6 +87,7 @@ pub fn sink(listener: &TcpListener, options: SinkOptions) -> Result<SinkReport> 
         flows,
         cpu_user_s: usage.user_s,
         cpu_sys_s: usage.sys_s,
+        tunnel: None,
     })
 }
 
@@ -111,13 +115,8 @@ fn try_receive(
     stream
         .read_exact(&mut header)
         .context("reading the stream header")?;
-    let header = Header::parse(&header).map_err(anyhow::Error::msg)?;
-    report.flow = header.flow;
-    report.origin_ns = header.origin_ns;
-
-    let mut expected_stream = Payload::new(header.kind, header.seed, header.flow);
+    let mut check = Check::new(&header, report)?;
     let mut buf = vec![0u8; 256 * 1024];
-    let mut expected = vec![0u8; buf.len()];
     loop {
         let n = match stream.read(&mut buf) {
             Ok(0) => break,
@@ -125,16 +124,44 @@ fn try_receive(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e).context(format!("reading after {} bytes", report.bytes)),
         };
+        check.data(&buf[..n], report)?;
+    }
+    check.end(report)
+}
+
+/// Checks a flow's bytes against the stream its header names, and counts them.
+pub(super) struct Check {
+    header: Header,
+    expected_stream: Payload,
+    expected: Vec<u8>,
+}
+
+impl Check {
+    /// Starts checking the flow that `header` opened.
+    pub(super) fn new(header: &[u8; HEADER_LEN], report: &mut FlowReport) -> Result<Self> {
+        let header = Header::parse(header).map_err(anyhow::Error::msg)?;
+        report.flow = header.flow;
+        report.origin_ns = header.origin_ns;
+        Ok(Self {
+            expected_stream: Payload::new(header.kind, header.seed, header.flow),
+            header,
+            expected: Vec::new(),
+        })
+    }
+
+    /// The next bytes of the flow, as they arrived.
+    pub(super) fn data(&mut self, data: &[u8], report: &mut FlowReport) -> Result<()> {
         let now = sys::monotonic_ns();
         if report.bytes == 0 {
             report.first_byte_ns = now;
         }
         report.last_byte_ns = now;
-        expected_stream.fill(&mut expected[..n]);
-        if buf[..n] != expected[..n] {
-            let at = buf[..n]
+        self.expected.resize(data.len(), 0);
+        self.expected_stream.fill(&mut self.expected);
+        if data != self.expected.as_slice() {
+            let at = data
                 .iter()
-                .zip(&expected[..n])
+                .zip(&self.expected)
                 .position(|(a, b)| a != b)
                 .unwrap_or(0);
             anyhow::bail!(
@@ -142,19 +169,24 @@ fn try_receive(
                 report.bytes + at as u64
             );
         }
-        report.bytes += n as u64;
-        let bucket = (now.saturating_sub(header.origin_ns) / BUCKET_NS) as usize;
+        report.bytes += data.len() as u64;
+        let bucket = (now.saturating_sub(self.header.origin_ns) / BUCKET_NS) as usize;
         if bucket >= report.buckets.len() {
             report.buckets.resize(bucket + 1, 0);
         }
-        report.buckets[bucket] += n as u64;
+        report.buckets[bucket] += data.len() as u64;
+        Ok(())
     }
-    if header.total_bytes != 0 && report.bytes != header.total_bytes {
-        anyhow::bail!(
-            "stream ended after {} of {} bytes",
-            report.bytes,
-            header.total_bytes
-        );
+
+    /// The sender finished: the count must match the header's, if it gave one.
+    pub(super) fn end(&self, report: &FlowReport) -> Result<()> {
+        if self.header.total_bytes != 0 && report.bytes != self.header.total_bytes {
+            anyhow::bail!(
+                "stream ended after {} of {} bytes",
+                report.bytes,
+                self.header.total_bytes
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }
