@@ -11,12 +11,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
-use wsx_lab::traffic::{BUCKET_NS, PayloadKind, SendReport, SinkReport};
+use wsx_lab::traffic::{BUCKET_NS, PayloadKind, SendReport, SinkReport, TunnelReport};
 use wsx_lab::{Lab, LossDirection, Node, WanSpec, addr};
+use wsx_tunnel::SecretKey;
+
+/// The UDP port of the tunnel in the tunnel modes.
+const TUNNEL_PORT: u16 = 4500;
 
 /// What carries the traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -28,6 +32,12 @@ pub(crate) enum Mode {
     DirectBbr,
     /// Through the wsx gateways on gw-a and gw-b.
     Wsx,
+    /// The tunnel alone: streams from memory in gw-a to memory in gw-b, carried by the
+    /// tunnel driver across the emulated WAN (no TCP, no proxy).
+    Tunnel,
+    /// The tunnel alone over a clean veth (client → gw-a, no emulator, offloads on): the
+    /// tunnel's raw throughput and CPU cost.
+    TunnelVeth,
 }
 
 impl Mode {
@@ -35,7 +45,35 @@ impl Mode {
         match self {
             Mode::DirectCubic => Some("cubic"),
             Mode::DirectBbr => Some("bbr"),
-            Mode::Wsx => None,
+            Mode::Wsx | Mode::Tunnel | Mode::TunnelVeth => None,
+        }
+    }
+
+    fn is_tunnel(self) -> bool {
+        matches!(self, Mode::Tunnel | Mode::TunnelVeth)
+    }
+
+    /// Where the sink and the sender run, and where the sender sends.
+    fn endpoints(self, ipv6: bool) -> (Node, Node, SocketAddr) {
+        let pick = |v4: std::net::Ipv4Addr, v6: std::net::Ipv6Addr| -> IpAddr {
+            if ipv6 { v6.into() } else { v4.into() }
+        };
+        match self {
+            Mode::Tunnel => (
+                Node::GwB,
+                Node::GwA,
+                SocketAddr::new(pick(addr::GWB_WAN_V4, addr::GWB_WAN_V6), TUNNEL_PORT),
+            ),
+            Mode::TunnelVeth => (
+                Node::GwA,
+                Node::Client,
+                SocketAddr::new(pick(addr::GWA_LAN_V4, addr::GWA_LAN_V6), TUNNEL_PORT),
+            ),
+            Mode::DirectCubic | Mode::DirectBbr | Mode::Wsx => (
+                Node::Server,
+                Node::Client,
+                SocketAddr::new(addr::server(ipv6), 5201),
+            ),
         }
     }
 
@@ -44,6 +82,8 @@ impl Mode {
             Mode::DirectCubic => "direct-cubic",
             Mode::DirectBbr => "direct-bbr",
             Mode::Wsx => "wsx",
+            Mode::Tunnel => "tunnel",
+            Mode::TunnelVeth => "tunnel-veth",
         }
     }
 }
@@ -143,6 +183,45 @@ pub(crate) struct Record {
     pub(crate) verified: bool,
     /// Aggregate goodput per 100 ms, Mbit/s.
     pub(crate) series_mbit: Vec<f64>,
+    /// The tunnel's own figures, in the tunnel modes.
+    #[serde(default)]
+    pub(crate) tunnel: Option<TunnelFigures>,
+}
+
+/// What the tunnel drivers report about a tunnel-mode case.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct TunnelFigures {
+    /// CPU seconds of the sending and the receiving driver thread per GB of payload.
+    pub(crate) send_cpu_s_per_gb: f64,
+    pub(crate) recv_cpu_s_per_gb: f64,
+    /// Datagrams per `sendmsg` at the sender (GSO) and per receive call at the receiver
+    /// (`recvmmsg`, GRO).
+    pub(crate) datagrams_per_send: f64,
+    pub(crate) datagrams_per_receive: f64,
+    /// Data packets the sender sent, ACK-only packets the receiver sent, and their ratio.
+    pub(crate) data_packets: u64,
+    pub(crate) ack_packets: u64,
+    pub(crate) acks_per_data: f64,
+    pub(crate) packets_lost: u64,
+    pub(crate) min_rtt_ms: f64,
+}
+
+impl TunnelFigures {
+    fn new(sent: &TunnelReport, received: &TunnelReport, bytes: u64) -> Self {
+        let gb = bytes as f64 / 1e9;
+        let per = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        Self {
+            send_cpu_s_per_gb: (sent.driver_user_s + sent.driver_sys_s) / gb,
+            recv_cpu_s_per_gb: (received.driver_user_s + received.driver_sys_s) / gb,
+            datagrams_per_send: per(sent.datagrams_sent, sent.send_calls),
+            datagrams_per_receive: per(received.datagrams_received, received.receive_calls),
+            data_packets: sent.eliciting_sent,
+            ack_packets: received.ack_only_sent,
+            acks_per_data: per(received.ack_only_sent, sent.eliciting_sent),
+            packets_lost: sent.packets_lost,
+            min_rtt_ms: sent.min_rtt_ms,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -153,7 +232,9 @@ pub(crate) struct DropBreakdown {
 }
 
 /// CPU seconds per process group; gateways are `None` when no gateway process runs (direct
-/// modes, where gw-a and gw-b only forward in the kernel).
+/// modes, where gw-a and gw-b only forward in the kernel). In the tunnel modes the gateways
+/// are the sending (`gw_a`) and receiving (`gw_b`) driver threads, and `endpoints` the rest
+/// of those processes (making and checking the payload).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct CpuSeconds {
     pub(crate) emulator: f64,
@@ -285,11 +366,25 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     let work = tempdir(&lab)?;
     let sink_json = work.join("sink.json");
     let send_json = work.join("send.json");
-    let target = SocketAddr::new(addr::server(case.ipv6), 5201);
+    let (sink_node, sender_node, target) = case.mode.endpoints(case.ipv6);
+    let (sink_keys, sender_keys) = if case.mode.is_tunnel() {
+        let (a, b) = (SecretKey::generate(), SecretKey::generate());
+        let args = |own: &SecretKey, peer: &SecretKey| {
+            vec![
+                "--tunnel-secret".to_string(),
+                own.to_base64(),
+                "--tunnel-peer".to_string(),
+                peer.public_key().to_string(),
+            ]
+        };
+        (args(&b, &a), args(&a, &b))
+    } else {
+        (Vec::new(), Vec::new())
+    };
 
     let before = lab.emulator().stats()?;
     let mut sink = lab
-        .command(Node::Server, binary)
+        .command(sink_node, binary)
         .args([
             "sink",
             "--listen",
@@ -297,6 +392,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             "--flows",
             &case.flows.to_string(),
         ])
+        .args(&sink_keys)
         .arg("--json")
         .arg(&sink_json)
         .stdout(Stdio::piped())
@@ -308,7 +404,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         let _ = sink.kill();
         bail!("the sink did not start: {ready:?}");
     }
-    let mut sender = lab.command(Node::Client, binary);
+    let mut sender = lab.command(sender_node, binary);
     sender.args([
         "send",
         "--to",
@@ -323,6 +419,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             PayloadKind::Text => "text",
         },
     ]);
+    sender.args(&sender_keys);
     if let Some(cc) = case.mode.congestion() {
         sender.args(["--cc", cc]);
     }
@@ -375,6 +472,17 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         .map(|f| f.first_byte_ns.saturating_sub(f.origin_ns) as f64 / 1e6)
         .fold(f64::INFINITY, f64::min);
     let per_flow: Vec<f64> = received.flows.iter().map(|f| f.bytes as f64).collect();
+    let endpoints_cpu = sent.cpu_user_s + sent.cpu_sys_s + received.cpu_user_s + received.cpu_sys_s;
+    let driver_cpu =
+        |r: &Option<TunnelReport>| r.as_ref().map(|t| t.driver_user_s + t.driver_sys_s);
+    let (gw_a, gw_b) = (driver_cpu(&sent.tunnel), driver_cpu(&received.tunnel));
+    let tunnel = match (&sent.tunnel, &received.tunnel) {
+        (Some(s), Some(r)) => Some(TunnelFigures::new(s, r, bytes)),
+        _ => None,
+    };
+    // A clean veth has no bottleneck to be a fraction of.
+    let bottleneck = case.mode != Mode::TunnelVeth;
+    let t90_ms = t90_ms.filter(|_| bottleneck);
     Ok(Record {
         mode: case.mode,
         cc: sent.flows.first().map(|f| f.congestion.clone()),
@@ -392,7 +500,11 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         bytes,
         duration_s,
         goodput_mbit,
-        utilization: goodput_mbit / case.wan.rate_mbit,
+        utilization: if bottleneck {
+            goodput_mbit / case.wan.rate_mbit
+        } else {
+            0.0
+        },
         t90_ms,
         ttfb_ms: if ttfb_ms.is_finite() { ttfb_ms } else { 0.0 },
         jain: jain(&per_flow),
@@ -412,9 +524,9 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         emu_faults: fwd.emulator_faults + rev.emulator_faults,
         cpu_s: CpuSeconds {
             emulator: after.cpu_s() - before.cpu_s(),
-            gw_a: None,
-            gw_b: None,
-            endpoints: sent.cpu_user_s + sent.cpu_sys_s + received.cpu_user_s + received.cpu_sys_s,
+            gw_a,
+            gw_b,
+            endpoints: endpoints_cpu - gw_a.unwrap_or(0.0) - gw_b.unwrap_or(0.0),
         },
         max_rss_kb: GatewayRss::default(),
         verified: sent.verified()
@@ -422,6 +534,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             && send_status.success()
             && sink_status.success(),
         series_mbit: series,
+        tunnel,
     })
 }
 
@@ -471,7 +584,7 @@ pub(crate) fn jain(xs: &[f64]) -> f64 {
 impl Record {
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}",
+            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}",
             self.mode.label(),
             self.rtt_ms,
             self.loss_pct,
@@ -481,6 +594,14 @@ impl Record {
             self.t90_ms.map_or("never".into(), |t| format!("{t} ms")),
             self.rev_per_fwd,
             self.cpu_s.emulator,
+            self.tunnel.as_ref().map_or(String::new(), |t| format!(
+                ", tunnel cpu {:.2}/{:.2} s/GB, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}",
+                t.send_cpu_s_per_gb,
+                t.recv_cpu_s_per_gb,
+                t.datagrams_per_send,
+                t.datagrams_per_receive,
+                t.acks_per_data
+            )),
             match (self.verified, self.emu_faults) {
                 (false, _) => "  NOT VERIFIED".to_string(),
                 (true, 0) => String::new(),

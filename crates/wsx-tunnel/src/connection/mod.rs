@@ -538,6 +538,12 @@ impl Connection {
     }
 
     /// Whether `read` would return something now.
+    /// Reading freed receive window that the peer has not been told of yet: a driver that
+    /// sleeps until the next transmit should look at this connection now.
+    pub fn credit_pending(&self) -> bool {
+        self.streams.credit_queued()
+    }
+
     pub fn is_readable(&self, id: StreamId) -> bool {
         self.streams.readable(id)
     }

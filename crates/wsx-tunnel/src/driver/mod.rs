@@ -576,7 +576,7 @@ impl Io {
                 }
             }
             match self.connections.values().filter_map(|e| e.timeout).min() {
-                Some(deadline) => self.timer.arm(deadline.saturating_duration_since(now)),
+                Some(deadline) => self.timer.arm(deadline, now),
                 None => self.timer.disarm(),
             }
             tokio::select! {

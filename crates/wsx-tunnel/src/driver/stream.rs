@@ -106,14 +106,23 @@ impl AsyncRead for Stream {
         match result {
             Ok(Some(n)) => {
                 buf.advance(n);
+                // Wake the I/O task only when the read opened the peer's window by enough
+                // to tell it: once per half window, not once per read.
+                let credit = state.connection.credit_pending();
                 drop(state);
-                // Reading may have opened the peer's window: credit to send.
-                self.link.touch();
+                if credit {
+                    self.link.touch();
+                }
                 Poll::Ready(Ok(()))
             }
             Ok(None) => {
+                // The stream may have closed, freeing a slot the peer can be told of.
+                let credit = state.connection.credit_pending();
                 drop(state);
                 self.eof = true;
+                if credit {
+                    self.link.touch();
+                }
                 Poll::Ready(Ok(()))
             }
             Err(StreamError::Blocked) if state.error.is_none() => {

@@ -7,7 +7,7 @@
 //! ~50 µs by default) and wakes the same epoll loop as the socket.
 
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use timerfd::{ClockId, SetTimeFlags, TimerFd, TimerState};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -18,6 +18,8 @@ const MIN_DELAY: Duration = Duration::from_micros(1);
 #[derive(Debug)]
 pub(super) struct Timer {
     fd: AsyncFd<TimerFd>,
+    /// The deadline set, so that an unchanged one costs no system call.
+    armed: Option<Instant>,
 }
 
 impl Timer {
@@ -26,25 +28,31 @@ impl Timer {
         // SAFETY: a `TimerFd` owns its descriptor, keeps it open until it is dropped, and
         // always reports the same one; the `AsyncFd` owns the `TimerFd`.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
-        Ok(Self { fd })
+        Ok(Self { fd, armed: None })
     }
 
-    /// Fires once, `delay` from now (replacing any earlier setting).
-    pub(super) fn arm(&mut self, delay: Duration) {
-        self.fd.get_mut().set_state(
-            TimerState::Oneshot(delay.max(MIN_DELAY)),
-            SetTimeFlags::Default,
-        );
+    /// Fires once at `deadline` (replacing any earlier setting); `now` is the current time.
+    pub(super) fn arm(&mut self, deadline: Instant, now: Instant) {
+        if self.armed == Some(deadline) {
+            return;
+        }
+        self.armed = Some(deadline);
+        let delay = deadline.saturating_duration_since(now).max(MIN_DELAY);
+        self.fd
+            .get_mut()
+            .set_state(TimerState::Oneshot(delay), SetTimeFlags::Default);
     }
 
     pub(super) fn disarm(&mut self) {
-        self.fd
-            .get_mut()
-            .set_state(TimerState::Disarmed, SetTimeFlags::Default);
+        if self.armed.take().is_some() {
+            self.fd
+                .get_mut()
+                .set_state(TimerState::Disarmed, SetTimeFlags::Default);
+        }
     }
 
     /// Completes when the armed time has come. Never completes while disarmed.
-    pub(super) async fn expired(&self) -> io::Result<()> {
+    pub(super) async fn expired(&mut self) -> io::Result<()> {
         loop {
             let mut guard = self.fd.readable().await?;
             // Non-blocking read: 0 when the readiness was stale (the timer was re-armed after
@@ -52,6 +60,7 @@ impl Timer {
             let expirations = guard.get_inner().read();
             guard.clear_ready();
             if expirations > 0 {
+                self.armed = None;
                 return Ok(());
             }
         }

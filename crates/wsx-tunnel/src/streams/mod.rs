@@ -508,6 +508,11 @@ impl Streams {
         Ok(())
     }
 
+    /// Flow-control credit (window updates, stream slots) waits to be sent.
+    pub(crate) fn credit_queued(&self) -> bool {
+        self.max_data_queued || self.max_streams_queued || !self.max_stream_data.is_empty()
+    }
+
     pub(crate) fn readable(&self, id: StreamId) -> bool {
         self.map
             .get(&id)
