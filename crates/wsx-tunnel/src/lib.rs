@@ -41,6 +41,9 @@ mod crypto;
 pub mod driver;
 mod endpoint;
 mod frame;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod pacing;
 mod packet;
 mod range_set;

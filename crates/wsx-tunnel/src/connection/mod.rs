@@ -20,7 +20,7 @@
 //! and early — at most once per `NAK_INTERVAL` — when a gap appears. Each ACK frame carries up
 //! to 32 ranges, so a lost ACK costs nothing: the next one repeats it.
 
-mod params;
+pub(crate) mod params;
 
 use crate::coding::{Reader, Writer};
 use crate::config::TransportConfig;
