@@ -33,29 +33,27 @@ pub(super) fn bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
 /// caps the size unless the process has `CAP_NET_ADMIN` and uses the `*BUFFORCE` options, so
 /// those are tried first; a smaller result is logged with the sysctl to raise.
 pub(super) fn set_buffers(socket: &std::net::UdpSocket, bytes: usize) {
+    type Set = fn(&socket2::SockRef<'_>, usize) -> io::Result<()>;
+    type Get = fn(&socket2::SockRef<'_>) -> io::Result<usize>;
     let sock = socket2::SockRef::from(socket);
-    for (force, name) in [
-        (libc::SO_RCVBUFFORCE, "net.core.rmem_max"),
-        (libc::SO_SNDBUFFORCE, "net.core.wmem_max"),
-    ] {
-        let forced = set_forced(socket, force, bytes).is_ok();
-        let (result, actual) = if force == libc::SO_RCVBUFFORCE {
-            let r = if forced {
-                Ok(())
-            } else {
-                sock.set_recv_buffer_size(bytes)
-            };
-            (r, sock.recv_buffer_size())
-        } else {
-            let r = if forced {
-                Ok(())
-            } else {
-                sock.set_send_buffer_size(bytes)
-            };
-            (r, sock.send_buffer_size())
-        };
+    let buffers: [(libc::c_int, Set, Get, &str); 2] = [
+        (
+            libc::SO_RCVBUFFORCE,
+            |s, n| s.set_recv_buffer_size(n),
+            |s| s.recv_buffer_size(),
+            "net.core.rmem_max",
+        ),
+        (
+            libc::SO_SNDBUFFORCE,
+            |s, n| s.set_send_buffer_size(n),
+            |s| s.send_buffer_size(),
+            "net.core.wmem_max",
+        ),
+    ];
+    for (force, set, get, name) in buffers {
+        let result = set_forced(socket, force, bytes).or_else(|_| set(&sock, bytes));
         // Linux reports twice the size set (it counts its bookkeeping overhead).
-        match (result, actual) {
+        match (result, get(&sock)) {
             (Ok(()), Ok(actual)) if actual / 2 >= bytes => {}
             (_, actual) => tracing::warn!(
                 wanted = bytes,
