@@ -161,6 +161,10 @@ pub(crate) struct Record {
     pub(crate) goodput_mbit: f64,
     /// Goodput over the bottleneck rate (which counts IP bytes, headers included).
     pub(crate) utilization: f64,
+    /// The same from [`STEADY_FROM_MS`] after the start to the last full bucket: the rate a
+    /// flow holds once the start-up is over, comparable with the tunnel's simulation tests.
+    #[serde(default)]
+    pub(crate) steady_utilization: f64,
     /// First 100 ms bucket in which the flows together reached 90 % of the rate, at its end.
     pub(crate) t90_ms: Option<u64>,
     pub(crate) ttfb_ms: f64,
@@ -461,6 +465,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         0.0
     };
     let series = aggregate_series(&received);
+    let steady_utilization = steady_mbit(&series) / case.wan.rate_mbit;
     let t90_ms = series
         .iter()
         .position(|&mbit| mbit >= 0.9 * case.wan.rate_mbit)
@@ -505,6 +510,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         } else {
             0.0
         },
+        steady_utilization: if bottleneck { steady_utilization } else { 0.0 },
         t90_ms,
         ttfb_ms: if ttfb_ms.is_finite() { ttfb_ms } else { 0.0 },
         jain: jain(&per_flow),
@@ -570,6 +576,19 @@ fn aggregate_series(report: &SinkReport) -> Vec<f64> {
         .collect()
 }
 
+/// Where the steady state is taken to begin: 30 round trips at 100 ms, well past any start-up.
+const STEADY_FROM_MS: u64 = 3000;
+
+/// Mean of `series` from [`STEADY_FROM_MS`] on, leaving out the last bucket (the transfer
+/// usually ends inside it); 0 for a run too short to have a steady state.
+fn steady_mbit(series: &[f64]) -> f64 {
+    let from = (STEADY_FROM_MS * 1_000_000 / BUCKET_NS) as usize;
+    match series.get(from..series.len().saturating_sub(1)) {
+        Some(steady) if !steady.is_empty() => steady.iter().sum::<f64>() / steady.len() as f64,
+        _ => 0.0,
+    }
+}
+
 /// Jain's fairness index: (Σx)² / (n Σx²).
 pub(crate) fn jain(xs: &[f64]) -> f64 {
     let sum: f64 = xs.iter().sum();
@@ -584,13 +603,14 @@ pub(crate) fn jain(xs: &[f64]) -> f64 {
 impl Record {
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}",
+            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}",
             self.mode.label(),
             self.rtt_ms,
             self.loss_pct,
             self.flows,
             self.goodput_mbit,
             self.utilization * 100.0,
+            self.steady_utilization * 100.0,
             self.t90_ms.map_or("never".into(), |t| format!("{t} ms")),
             self.rev_per_fwd,
             self.cpu_s.emulator,
@@ -613,13 +633,13 @@ impl Record {
 
 pub(crate) fn markdown_table(records: &[Record]) -> String {
     let mut s = String::from(
-        "| mode | cc | RTT ms | loss % | rate Mbit/s | flows | goodput Mbit/s | util % | t90 ms | Jain | rev/fwd pkts | emu drops | CPU s emu / endpoints | verified |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| mode | cc | RTT ms | loss % | rate Mbit/s | flows | goodput Mbit/s | util % | steady util % | t90 ms | Jain | rev/fwd pkts | emu drops | CPU s emu / endpoints | verified |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in records {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {} | {:.3} | {:.3} | {} | {:.2} / {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {} | {:.3} | {:.3} | {} | {:.2} / {:.2} | {} |",
             r.mode.label(),
             r.cc.as_deref().unwrap_or("-"),
             r.rtt_ms,
@@ -628,6 +648,7 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
             r.flows,
             r.goodput_mbit,
             r.utilization * 100.0,
+            r.steady_utilization * 100.0,
             r.t90_ms.map_or("-".into(), |t| t.to_string()),
             r.jain,
             r.rev_per_fwd,
@@ -724,6 +745,14 @@ mod tests {
         assert!((jain(&[5.0, 5.0, 5.0, 5.0]) - 1.0).abs() < 1e-12);
         assert!((jain(&[8.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
         assert_eq!(jain(&[]), 0.0);
+    }
+
+    #[test]
+    fn steady_state_skips_the_first_three_seconds_and_the_last_bucket() {
+        let mut series = vec![10.0; 30];
+        series.extend([90.0, 100.0, 5.0]);
+        assert_eq!(steady_mbit(&series), 95.0);
+        assert_eq!(steady_mbit(&series[..31]), 0.0);
     }
 
     #[test]

@@ -1,7 +1,34 @@
-//! The gateway side of wsx.
+//! The gateway side of wsx: transparent interception of TCP connections, relaying them as
+//! streams of a [`wsx_tunnel`] tunnel to a peer gateway, re-originating inbound streams to
+//! their servers, and bypass when the peer is down.
 //!
-//! This crate will hold the TPROXY listener and the original-destination lookup (typed client and
-//! original-destination addresses, all socket-option syscalls in one module), the relays between
-//! TCP sockets and tunnel streams with bounded buffers and half-close propagation, transparent
-//! re-origination at the far gateway, peer selection by destination prefix, and bypass when the
-//! peer is unreachable. Nothing is implemented yet; see the project's issue tracker.
+//! # Architecture
+//!
+//! - [`rules`]: the nftables table and policy routing that send new TCP connections toward
+//!   the configured remote prefixes to the gateway's transparent listeners, and the packets
+//!   of its transparent sockets to it. Installed on start, removed on stop, leftovers of a
+//!   crashed run removed first.
+//! - [`sys`]: every socket option (transparent listeners and binds, keepalive, resets).
+//! - [`addrs`]: [`ClientAddr`] and [`OrigDstAddr`], so the two are never confused.
+//! - `peers`: peer gateways, selection by longest destination prefix, health from tunnel
+//!   silence, the secondary peer.
+//! - `relay`: client ↔ stream (or ↔ server, when bypassing) with bounded buffers, half-close
+//!   and reset propagation, byte counts and an idle timeout.
+//! - `session`: the table of live sessions.
+//! - [`Gateway`]: ties them together; see `gateway.rs` for the data flow.
+//!
+//! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
+
+pub mod addrs;
+mod gateway;
+mod peers;
+mod relay;
+pub mod rules;
+mod session;
+pub mod sys;
+
+pub use addrs::{ClientAddr, OrigDstAddr};
+pub use gateway::{Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig};
+pub use peers::{FailurePolicy, PeerConfig, PeerStatus};
+pub use relay::code as reset_code;
+pub use session::{Route, SessionInfo, SessionState};

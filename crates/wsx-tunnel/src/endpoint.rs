@@ -101,6 +101,12 @@ impl Endpoint {
         self.public
     }
 
+    /// Replaces the list of peers allowed to connect. Connections already made are kept; the
+    /// caller closes those of peers it removed.
+    pub fn set_peers(&mut self, peers: Vec<PublicKey>) {
+        self.config.peers = peers;
+    }
+
     pub fn stats(&self) -> EndpointStats {
         self.stats
     }

@@ -256,6 +256,7 @@ pub struct Connection {
     events: VecDeque<Event>,
     last_heard: Instant,
     last_sent: Instant,
+    initiator: bool,
     close_frame: Option<(u64, Vec<u8>)>,
     close_resend: bool,
     stats: ConnectionStats,
@@ -290,6 +291,7 @@ impl Connection {
         };
         Self {
             streams: Streams::new(initiator, limits, no_credit),
+            initiator,
             config,
             state,
             local_id,
@@ -446,6 +448,18 @@ impl Connection {
     /// This side's connection id (the one the peer writes in its packets).
     pub fn local_id(&self) -> u32 {
         self.local_id
+    }
+
+    /// Whether this side started the handshake.
+    pub fn is_initiator(&self) -> bool {
+        self.initiator
+    }
+
+    /// When an authenticated packet last arrived from the peer (or the connection started).
+    /// The peer sends at least a PING every [`TransportConfig::keepalive`], so a gap much
+    /// longer than that means the peer or the path is down.
+    pub fn last_heard(&self) -> Instant {
+        self.last_heard
     }
 
     pub fn is_established(&self) -> bool {

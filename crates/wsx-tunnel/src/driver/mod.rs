@@ -183,6 +183,11 @@ impl Driver {
         Ok(Tunnel { link })
     }
 
+    /// Replaces the peers allowed to connect; see [`Endpoint::set_peers`].
+    pub fn set_peers(&self, peers: Vec<PublicKey>) {
+        self.shared.core().endpoint.set_peers(peers);
+    }
+
     /// The next connection a peer initiated; `None` once the driver has stopped.
     pub async fn accept(&self) -> Option<Tunnel> {
         self.incoming.lock().await.recv().await
@@ -219,11 +224,20 @@ impl Drop for Driver {
     }
 }
 
-/// One connection to a peer, as the application holds it. Clones share the connection.
+/// One connection to a peer, as the application holds it. Clones share the connection and
+/// compare equal.
 #[derive(Debug, Clone)]
 pub struct Tunnel {
     link: Arc<Link>,
 }
+
+impl PartialEq for Tunnel {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.link, &other.link)
+    }
+}
+
+impl Eq for Tunnel {}
 
 impl Tunnel {
     pub fn peer(&self) -> PublicKey {
@@ -236,6 +250,24 @@ impl Tunnel {
 
     pub fn stats(&self) -> ConnectionStats {
         self.link.lock().connection.stats()
+    }
+
+    /// Whether the handshake has completed and the connection has not ended.
+    pub fn is_established(&self) -> bool {
+        let state = self.link.lock();
+        state.error.is_none() && state.connection.is_established()
+    }
+
+    /// Whether this side started the connection (rather than accepting it).
+    pub fn is_initiator(&self) -> bool {
+        self.link.lock().connection.is_initiator()
+    }
+
+    /// How long ago an authenticated packet last arrived from the peer; see
+    /// [`Connection::last_heard`](crate::Connection::last_heard).
+    pub fn silent_for(&self) -> Duration {
+        let heard = self.link.lock().connection.last_heard();
+        now().saturating_duration_since(heard)
     }
 
     /// The smoothed round-trip time.

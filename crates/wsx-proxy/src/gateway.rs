@@ -1,0 +1,931 @@
+//! The gateway: interception, the tunnel to each peer, sessions both ways, bypass.
+//!
+//! ```text
+//!  LAN client ─TCP─> transparent listener ─> decide(destination)
+//!                       ├─ peer healthy ──> tunnel stream ═══> peer: connect to destination
+//!                       ├─ secondary healthy ─> its tunnel stream
+//!                       ├─ policy bypass ──> direct TCP to destination (from the client's address)
+//!                       └─ policy reject ──> RST
+//!  peer ═══> tunnel stream ─> connect to meta.destination (from meta.source if transparent) ─TCP─> server
+//! ```
+//!
+//! Tasks: one per listener, one accepting tunnels, one per peer with an endpoint (connect,
+//! watch health, reconnect), one watching each accepted tunnel, one serving each tunnel's
+//! incoming streams, one per session. Sessions are tracked so that shutdown can wait for them
+//! up to a deadline and then abort the rest.
+
+use crate::addrs::{ClientAddr, OrigDstAddr, canonical};
+use crate::peers::{self, FailurePolicy, Peer, PeerConfig, PeerStatus, PrefixTable};
+use crate::relay::{self, Outcome, Side, code};
+use crate::rules::{Rules, RulesConfig, RulesError};
+use crate::session::{Route, SessionInfo, SessionState, Sessions};
+use crate::sys::{self, LanSocketOptions};
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+use wsx_tunnel::driver::{Driver, Stream, Tunnel};
+use wsx_tunnel::{EndpointConfig, PublicKey, SecretKey, StreamMeta, TransportConfig};
+
+/// How long a handshake may take before the peer keeper starts over.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(4);
+/// How often tunnel health is checked.
+const HEALTH_CHECK: Duration = Duration::from_millis(200);
+/// Wait before reconnecting to a peer whose tunnel failed.
+const RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// The close code of a tunnel given up for silence.
+const CLOSE_SILENT: u64 = 1;
+/// The close code of a tunnel to a peer removed from the configuration.
+const CLOSE_REMOVED: u64 = 2;
+
+/// Everything the gateway needs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct GatewayConfig {
+    pub secret: SecretKey,
+    /// The tunnel's UDP address.
+    pub tunnel_listen: SocketAddr,
+    pub transport: TransportConfig,
+    /// Transparent interception; `None` runs without TPROXY rules (the far side of a tunnel
+    /// only, or entry points added later).
+    pub intercept: Option<InterceptConfig>,
+    /// Re-originate inbound sessions from the client's own address, so the server sees the
+    /// real client (needs the server's replies to route through this gateway).
+    pub transparent_origin: bool,
+    pub peers: Vec<PeerConfig>,
+    pub sessions: SessionConfig,
+}
+
+impl GatewayConfig {
+    pub fn new(secret: SecretKey, tunnel_listen: SocketAddr) -> Self {
+        Self {
+            secret,
+            tunnel_listen,
+            transport: TransportConfig::default(),
+            intercept: None,
+            transparent_origin: true,
+            peers: Vec::new(),
+            sessions: SessionConfig::default(),
+        }
+    }
+
+    /// The interception rules for this configuration.
+    fn rules(&self, table: &PrefixTable) -> Option<RulesConfig> {
+        self.intercept.as_ref().map(|i| RulesConfig {
+            port: i.port,
+            mark: i.mark,
+            route_table: i.route_table,
+            rule_priority: i.rule_priority,
+            interfaces: i.interfaces.clone(),
+            prefixes: table.prefixes(),
+        })
+    }
+}
+
+/// Transparent interception settings; see [`crate::rules`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InterceptConfig {
+    pub port: u16,
+    pub mark: u32,
+    pub route_table: u32,
+    pub rule_priority: u32,
+    pub interfaces: Vec<String>,
+}
+
+impl Default for InterceptConfig {
+    fn default() -> Self {
+        Self {
+            port: 4501,
+            // "ws" in ASCII: easy to recognise in `ip rule` output.
+            mark: 0x7773,
+            route_table: 119,
+            rule_priority: 10119,
+            interfaces: Vec::new(),
+        }
+    }
+}
+
+/// Limits and timers of sessions. All of them can change on reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionConfig {
+    /// Sessions at once (both directions); beyond it new intercepted connections bypass and
+    /// inbound streams are refused.
+    pub max_sessions: usize,
+    /// The relay's buffer per direction per session. With the tunnel's stream buffers this
+    /// bounds a session's memory.
+    pub relay_buffer: usize,
+    pub connect_timeout: Duration,
+    /// A session with no traffic either way for this long is reset.
+    pub idle_timeout: Duration,
+    /// TCP keepalive on LAN sockets.
+    pub tcp_keepalive: Option<Duration>,
+    /// A peer not heard from for this long is down.
+    pub health_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            max_sessions: 100_000,
+            relay_buffer: 64 * 1024,
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(2 * 3600),
+            tcp_keepalive: Some(Duration::from_secs(60)),
+            health_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Errors from starting or reconfiguring the gateway.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// The tunnel's UDP socket could not be bound.
+    #[error("binding the tunnel socket {addr}: {source}")]
+    TunnelSocket { addr: SocketAddr, source: io::Error },
+    /// A transparent listener could not be bound.
+    #[error("binding the transparent listener {addr}: {source}")]
+    Listener { addr: SocketAddr, source: io::Error },
+    /// The interception rules could not be installed or changed.
+    #[error("interception rules: {0}")]
+    Rules(#[from] RulesError),
+    /// The new configuration changes something only a restart can.
+    #[error("{0} cannot change without a restart")]
+    NeedsRestart(&'static str),
+    /// Two peers share a name or a key, or a secondary names no peer.
+    #[error("peer configuration: {0}")]
+    Peers(String),
+}
+
+/// A running gateway. Dropping it without [`Gateway::shutdown`] leaves the rules installed;
+/// call `shutdown`.
+#[derive(Debug)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    driver: Driver,
+    local_key: PublicKey,
+    config: RwLock<Arc<GatewayConfig>>,
+    peers: Mutex<PeerSet>,
+    sessions: Arc<Sessions>,
+    slots: Arc<Semaphore>,
+    rules: Mutex<Option<Rules>>,
+    /// Cancelled when the gateway stops taking new work.
+    stop: CancellationToken,
+    /// Cancelled when the drain deadline passes: sessions abort.
+    kill: CancellationToken,
+    sessions_tracker: TaskTracker,
+}
+
+#[derive(Debug, Default)]
+struct PeerSet {
+    by_key: HashMap<PublicKey, PeerEntry>,
+    table: Arc<PrefixTable>,
+}
+
+#[derive(Debug)]
+struct PeerEntry {
+    peer: Arc<Peer>,
+    /// Stops the peer's keeper and watchers.
+    cancel: CancellationToken,
+}
+
+impl Gateway {
+    /// Binds the tunnel socket and the listeners, installs the rules and starts serving.
+    pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
+        validate_peers(&config.peers)?;
+        let mut transport = config.transport.clone();
+        // Both ends PING at a quarter of the health timeout when idle, so that a silent
+        // tunnel means a dead peer.
+        transport.keepalive = transport.keepalive.min(config.sessions.health_timeout / 4);
+        let mut endpoint = EndpointConfig::new(
+            config.secret.clone(),
+            config.peers.iter().map(|p| p.public_key).collect(),
+            fastrand::u64(..),
+        );
+        endpoint.transport = transport;
+        let driver = Driver::bind(config.tunnel_listen, endpoint).map_err(|source| {
+            GatewayError::TunnelSocket {
+                addr: config.tunnel_listen,
+                source,
+            }
+        })?;
+        info!(address = %driver.local_addr(), public_key = %driver.public_key(), "tunnel listening");
+        let listeners = match &config.intercept {
+            Some(intercept) => bind_listeners(intercept.port)?,
+            None => Vec::new(),
+        };
+        let inner = Arc::new(Inner {
+            local_key: driver.public_key(),
+            driver,
+            slots: Arc::new(Semaphore::new(config.sessions.max_sessions)),
+            config: RwLock::new(Arc::new(config.clone())),
+            peers: Mutex::new(PeerSet::default()),
+            sessions: Arc::new(Sessions::default()),
+            rules: Mutex::new(None),
+            stop: CancellationToken::new(),
+            kill: CancellationToken::new(),
+            sessions_tracker: TaskTracker::new(),
+        });
+        inner.apply_peers(&config.peers);
+        let table = inner.peer_set().table.clone();
+        if let Some(rules) = config.rules(&table) {
+            let installed = tokio::task::spawn_blocking(move || Rules::install(rules))
+                .await
+                .map_err(|e| {
+                    GatewayError::Rules(RulesError::Failed {
+                        command: "install".into(),
+                        stderr: e.to_string(),
+                    })
+                })??;
+            info!(table = crate::rules::TABLE, "interception rules installed");
+            *inner.lock_rules() = Some(installed);
+        }
+        for listener in listeners {
+            tokio::spawn(inner.clone().accept_connections(listener));
+        }
+        tokio::spawn(inner.clone().accept_tunnels());
+        Ok(Self { inner })
+    }
+
+    /// Applies a new configuration: peers, prefixes (the rules follow) and session limits.
+    /// Established sessions are kept. The key, the tunnel address, the transport settings
+    /// and the listener port need a restart.
+    pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
+        validate_peers(&config.peers)?;
+        let old = self.inner.config();
+        if config.secret.public_key() != old.secret.public_key() {
+            return Err(GatewayError::NeedsRestart("the private key"));
+        }
+        if config.tunnel_listen != old.tunnel_listen {
+            return Err(GatewayError::NeedsRestart("the tunnel address"));
+        }
+        if config.intercept.as_ref().map(|i| i.port) != old.intercept.as_ref().map(|i| i.port) {
+            return Err(GatewayError::NeedsRestart(
+                "interception on/off or its port",
+            ));
+        }
+        let limit_change = config.sessions.max_sessions as i64 - old.sessions.max_sessions as i64;
+        *self
+            .inner
+            .config
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(config.clone());
+        if limit_change > 0 {
+            self.inner.slots.add_permits(limit_change as usize);
+        } else if limit_change < 0 {
+            // Permits held by live sessions come back later and are then forgotten.
+            let slots = self.inner.slots.clone();
+            let mut missing = (-limit_change) as usize;
+            missing -= slots.forget_permits(missing);
+            if missing > 0 {
+                tokio::spawn(async move {
+                    if let Ok(permits) = slots.acquire_many(missing as u32).await {
+                        permits.forget();
+                    }
+                });
+            }
+        }
+        self.inner
+            .driver
+            .set_peers(config.peers.iter().map(|p| p.public_key).collect());
+        self.inner.apply_peers(&config.peers);
+        let table = self.inner.peer_set().table.clone();
+        if let Some(rules) = config.rules(&table) {
+            let inner = self.inner.clone();
+            tokio::task::spawn_blocking(move || match inner.lock_rules().as_mut() {
+                Some(installed) => installed.update(rules),
+                None => Ok(()),
+            })
+            .await
+            .map_err(|e| {
+                GatewayError::Rules(RulesError::Failed {
+                    command: "update".into(),
+                    stderr: e.to_string(),
+                })
+            })??;
+        }
+        info!(peers = config.peers.len(), "configuration reloaded");
+        Ok(())
+    }
+
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        self.inner.sessions.snapshot(Instant::now())
+    }
+
+    pub fn peers(&self) -> Vec<PeerStatus> {
+        let health = self.inner.config().sessions.health_timeout;
+        let mut list: Vec<PeerStatus> = self
+            .inner
+            .peer_set()
+            .by_key
+            .values()
+            .map(|e| peers::status(&e.peer, health))
+            .collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        self.inner.local_key
+    }
+
+    pub fn tunnel_addr(&self) -> SocketAddr {
+        self.inner.driver.local_addr()
+    }
+
+    /// Stops taking new connections (the rules stop intercepting them, so they flow past
+    /// unaccelerated), lets sessions finish for up to `deadline`, aborts the rest, removes
+    /// the rules and closes the tunnels.
+    pub async fn shutdown(self, deadline: Duration) {
+        let inner = self.inner;
+        inner.stop.cancel();
+        let rules = inner.lock_rules().take();
+        let rules = match rules {
+            Some(rules) => tokio::task::spawn_blocking(move || {
+                if let Err(e) = rules.drain() {
+                    warn!(error = %e, "could not stop intercepting; removing the rules now");
+                }
+                rules
+            })
+            .await
+            .ok(),
+            None => None,
+        };
+        inner.sessions_tracker.close();
+        let live = inner.sessions.len();
+        if live > 0 {
+            info!(sessions = live, deadline = ?deadline, "draining sessions");
+        }
+        if tokio::time::timeout(deadline, inner.sessions_tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                sessions = inner.sessions.len(),
+                "drain deadline passed; aborting the rest"
+            );
+            inner.kill.cancel();
+            inner.sessions_tracker.wait().await;
+        }
+        if let Some(rules) = rules {
+            let _ = tokio::task::spawn_blocking(move || rules.remove()).await;
+            info!("interception rules removed");
+        }
+        for entry in inner.peer_set().by_key.values() {
+            entry.cancel.cancel();
+        }
+        // The cancelled tasks let go of the gateway within a few polls; then the driver can
+        // close the tunnels and wait for the CLOSE frames to leave.
+        let mut inner = inner;
+        for _ in 0..100 {
+            match Arc::try_unwrap(inner) {
+                Ok(inner) => return inner.driver.shutdown().await,
+                Err(shared) => inner = shared,
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        warn!("tasks still running at shutdown; closing the tunnels without waiting");
+    }
+}
+
+fn validate_peers(peers: &[PeerConfig]) -> Result<(), GatewayError> {
+    for (i, p) in peers.iter().enumerate() {
+        if let Some(other) = peers[..i]
+            .iter()
+            .find(|o| o.name == p.name || o.public_key == p.public_key)
+        {
+            return Err(GatewayError::Peers(format!(
+                "peers \"{}\" and \"{}\" share a name or a public key",
+                other.name, p.name
+            )));
+        }
+        if let Some(secondary) = &p.secondary {
+            if secondary == &p.name || !peers.iter().any(|o| &o.name == secondary) {
+                return Err(GatewayError::Peers(format!(
+                    "peer \"{}\": secondary \"{secondary}\" is not another configured peer",
+                    p.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bind_listeners(port: u16) -> Result<Vec<TcpListener>, GatewayError> {
+    let mut listeners = Vec::new();
+    for ip in [
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    ] {
+        let addr = SocketAddr::new(ip, port);
+        match sys::transparent_listener(addr) {
+            Ok(l) => listeners.push(l),
+            // A host without IPv6 still serves IPv4.
+            Err(e) if ip.is_ipv6() && e.kind() == io::ErrorKind::AddrNotAvailable => {
+                warn!(error = %e, "no IPv6: intercepting IPv4 only");
+            }
+            Err(source) => return Err(GatewayError::Listener { addr, source }),
+        }
+    }
+    Ok(listeners)
+}
+
+/// Where a new intercepted connection goes.
+enum Decision {
+    Tunnel {
+        peer: String,
+        tunnel: Tunnel,
+    },
+    Bypass {
+        peer: Option<String>,
+        reason: &'static str,
+    },
+    Reject {
+        peer: String,
+    },
+}
+
+impl Inner {
+    fn config(&self) -> Arc<GatewayConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn peer_set(&self) -> MutexGuard<'_, PeerSet> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_rules(&self) -> MutexGuard<'_, Option<Rules>> {
+        self.rules.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Brings the peer set in line with `configs`: new peers start, removed ones stop and
+    /// their tunnels close, changed ones keep their tunnels unless the endpoint changed.
+    fn apply_peers(self: &Arc<Self>, configs: &[PeerConfig]) {
+        let mut set = self.peer_set();
+        let mut keep = HashMap::new();
+        for config in configs {
+            let existing = set.by_key.remove(&config.public_key);
+            let entry = match existing {
+                Some(entry) if entry.peer.config().endpoint == config.endpoint => {
+                    entry.peer.set_config(config.clone());
+                    entry
+                }
+                previous => {
+                    if let Some(previous) = previous {
+                        retire(previous);
+                    }
+                    let entry = PeerEntry {
+                        peer: Arc::new(Peer::new(config.clone(), self.local_key)),
+                        cancel: self.stop.child_token(),
+                    };
+                    if let Some(endpoint) = config.endpoint {
+                        let keeper = self.clone().keep_peer(
+                            entry.peer.clone(),
+                            endpoint,
+                            entry.cancel.clone(),
+                        );
+                        tokio::spawn(keeper.instrument(info_span!("peer", name = %config.name)));
+                    }
+                    entry
+                }
+            };
+            keep.insert(config.public_key, entry);
+        }
+        for (_, removed) in set.by_key.drain() {
+            retire(removed);
+        }
+        let peers: Vec<Arc<Peer>> = keep.values().map(|e| e.peer.clone()).collect();
+        set.table = Arc::new(PrefixTable::new(&peers));
+        set.by_key = keep;
+
+        fn retire(entry: PeerEntry) {
+            entry.cancel.cancel();
+            for tunnel in entry.peer.tunnels() {
+                tunnel.close(CLOSE_REMOVED, b"peer removed");
+            }
+        }
+    }
+
+    /// Keeps a tunnel to a peer up: connects, watches its health, reconnects.
+    async fn keep_peer(
+        self: Arc<Self>,
+        peer: Arc<Peer>,
+        endpoint: SocketAddr,
+        cancel: CancellationToken,
+    ) {
+        let key = peer.config().public_key;
+        let mut failures = 0u32;
+        while !cancel.is_cancelled() {
+            let tunnel = match self.driver.connect(endpoint, key) {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!(error = %e, %endpoint, "cannot connect");
+                    sleep_or_cancel(RECONNECT_DELAY, &cancel).await;
+                    continue;
+                }
+            };
+            let handshake = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established()) => r,
+                () = cancel.cancelled() => break,
+            };
+            match handshake {
+                Ok(Ok(())) => {
+                    info!(%endpoint, rtt = ?tunnel.rtt(), "tunnel up");
+                    failures = 0;
+                }
+                Ok(Err(e)) => {
+                    failures += 1;
+                    log_failure(failures, &format!("handshake failed: {e}"), endpoint);
+                    sleep_or_cancel(RECONNECT_DELAY, &cancel).await;
+                    continue;
+                }
+                Err(_) => {
+                    failures += 1;
+                    log_failure(failures, "no answer to the handshake", endpoint);
+                    tunnel.close(CLOSE_SILENT, b"handshake timed out");
+                    continue;
+                }
+            }
+            self.adopt(&peer, tunnel.clone(), &cancel);
+            self.watch(&peer, &tunnel, &cancel).await;
+            sleep_or_cancel(RECONNECT_DELAY, &cancel).await;
+        }
+    }
+
+    /// Takes a tunnel into service: it carries new streams and its incoming streams are
+    /// served.
+    fn adopt(self: &Arc<Self>, peer: &Arc<Peer>, tunnel: Tunnel, cancel: &CancellationToken) {
+        peer.add_tunnel(tunnel.clone());
+        let name = peer.config().name;
+        let serve = self
+            .clone()
+            .serve_tunnel(name.clone(), tunnel, cancel.clone());
+        tokio::spawn(serve.instrument(info_span!("peer", %name)));
+    }
+
+    /// Returns when the tunnel has ended or gone silent (then it is closed), and takes it
+    /// out of service.
+    async fn watch(&self, peer: &Peer, tunnel: &Tunnel, cancel: &CancellationToken) {
+        let mut interval = tokio::time::interval(HEALTH_CHECK);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                () = cancel.cancelled() => break,
+            }
+            if let Some(e) = tunnel.error() {
+                warn!(error = %e, "tunnel closed");
+                break;
+            }
+            let silent = tunnel.silent_for();
+            let limit = self.config().sessions.health_timeout;
+            if silent >= limit {
+                warn!(silent = ?silent, "peer not heard from; tunnel down");
+                tunnel.close(CLOSE_SILENT, b"peer silent");
+                break;
+            }
+        }
+        peer.remove_tunnel(tunnel);
+    }
+
+    async fn accept_tunnels(self: Arc<Self>) {
+        loop {
+            let tunnel = tokio::select! {
+                t = self.driver.accept() => match t { Some(t) => t, None => return },
+                () = self.stop.cancelled() => return,
+            };
+            let entry = self
+                .peer_set()
+                .by_key
+                .get(&tunnel.peer())
+                .map(|e| (e.peer.clone(), e.cancel.clone()));
+            let Some((peer, cancel)) = entry else {
+                tunnel.close(CLOSE_REMOVED, b"not a peer");
+                continue;
+            };
+            let name = peer.config().name;
+            info!(peer = %name, remote = %tunnel.remote_address(), "peer connected");
+            let this = self.clone();
+            tokio::spawn(
+                async move {
+                    if tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    this.adopt(&peer, tunnel.clone(), &cancel);
+                    this.watch(&peer, &tunnel, &cancel).await;
+                }
+                .instrument(info_span!("peer", %name)),
+            );
+        }
+    }
+
+    /// Serves the streams the peer opens on `tunnel`.
+    async fn serve_tunnel(
+        self: Arc<Self>,
+        peer: String,
+        tunnel: Tunnel,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            let stream = tokio::select! {
+                s = tunnel.accept_stream() => match s { Ok(s) => s, Err(_) => return },
+                () = cancel.cancelled() => return,
+            };
+            let this = self.clone();
+            let peer = peer.clone();
+            self.sessions_tracker
+                .spawn(async move { this.inbound(peer, stream).await });
+        }
+    }
+
+    async fn accept_connections(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let (tcp, client) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of descriptors or memory: back off rather than spin.
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = self.stop.cancelled() => return,
+            };
+            let destination = match tcp.local_addr() {
+                Ok(a) => OrigDstAddr(canonical(a)),
+                Err(_) => continue,
+            };
+            let client = ClientAddr(canonical(client));
+            let this = self.clone();
+            self.sessions_tracker
+                .spawn(async move { this.outbound(tcp, client, destination).await });
+        }
+    }
+
+    fn decide(&self, destination: OrigDstAddr) -> Decision {
+        let health = self.config().sessions.health_timeout;
+        let set = self.peer_set();
+        let Some(peer) = set.table.lookup(destination.0.ip()) else {
+            return Decision::Bypass {
+                peer: None,
+                reason: "no peer serves the destination",
+            };
+        };
+        let config = peer.config();
+        if config.force_bypass {
+            return Decision::Bypass {
+                peer: Some(config.name),
+                reason: "bypass forced",
+            };
+        }
+        if let Some(tunnel) = peer.usable_tunnel(health) {
+            return Decision::Tunnel {
+                peer: config.name,
+                tunnel,
+            };
+        }
+        let secondary = config.secondary.as_ref().and_then(|name| {
+            set.by_key
+                .values()
+                .find(|e| &e.peer.config().name == name)
+                .and_then(|e| {
+                    let c = e.peer.config();
+                    (!c.force_bypass)
+                        .then(|| e.peer.usable_tunnel(health))
+                        .flatten()
+                        .map(|t| (c.name, t))
+                })
+        });
+        if let Some((name, tunnel)) = secondary {
+            return Decision::Tunnel { peer: name, tunnel };
+        }
+        match config.on_failure {
+            FailurePolicy::Reject => Decision::Reject { peer: config.name },
+            FailurePolicy::Bypass => Decision::Bypass {
+                peer: Some(config.name),
+                reason: "peer down",
+            },
+        }
+    }
+
+    /// An intercepted connection.
+    async fn outbound(
+        self: Arc<Self>,
+        tcp: TcpStream,
+        client: ClientAddr,
+        destination: OrigDstAddr,
+    ) {
+        let config = self.config();
+        let options = LanSocketOptions {
+            keepalive: config.sessions.tcp_keepalive,
+        };
+        if let Err(e) = sys::tune(&tcp, &options) {
+            debug!(error = %e, "tuning the client socket");
+        }
+        let mut decision = self.decide(destination);
+        let permit = self.slots.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            decision = Decision::Bypass {
+                peer: None,
+                reason: "session limit reached",
+            };
+        }
+        let (peer, route, stream) = match decision {
+            Decision::Reject { peer } => {
+                info!(%client, %destination, %peer, "peer down; connection rejected");
+                sys::abort(tcp);
+                return;
+            }
+            Decision::Tunnel { peer, tunnel } => {
+                let meta = StreamMeta {
+                    source: Some(client.0),
+                    destination: Some(destination.0),
+                    ..StreamMeta::default()
+                };
+                match tunnel.open(meta) {
+                    Ok(stream) => (Some(peer), Route::Tunnel, Some(stream)),
+                    Err(e) => {
+                        debug!(error = %e, %peer, "no stream; bypassing");
+                        (Some(peer), Route::Bypass, None)
+                    }
+                }
+            }
+            Decision::Bypass { peer, reason } => {
+                debug!(%client, %destination, reason, "bypass");
+                (peer, Route::Bypass, None)
+            }
+        };
+        let session =
+            self.sessions
+                .register(Instant::now(), client, destination, peer.clone(), route);
+        let span = info_span!("session", id = session.id, %client, %destination, route = route.as_str(), peer = peer.as_deref().unwrap_or("-"));
+        async {
+            info!("session opened");
+            let outcome = match stream {
+                Some(stream) => self.relay(&session, tcp, stream).await,
+                None => {
+                    // Direct, but still from the client's address: the server sees the same
+                    // connection it would without wsx.
+                    match sys::connect(
+                        Some(client.0.ip()),
+                        destination.0,
+                        config.sessions.connect_timeout,
+                    )
+                    .await
+                    {
+                        Ok(server) => {
+                            let _ = sys::tune(&server, &options);
+                            self.relay(&session, tcp, server).await
+                        }
+                        Err(e) => {
+                            info!(error = %e, "bypass connect failed");
+                            sys::abort(tcp);
+                            return;
+                        }
+                    }
+                }
+            };
+            log_outcome(&session, outcome);
+        }
+        .instrument(span)
+        .await;
+        drop(permit);
+    }
+
+    /// A stream the peer opened: connect to its destination and relay.
+    async fn inbound(self: Arc<Self>, peer: String, mut stream: Stream) {
+        let meta = stream.meta().clone();
+        let (Some(source), Some(destination)) = (meta.source, meta.destination) else {
+            stream.reset(code::REJECTED);
+            return;
+        };
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            warn!(%peer, "session limit reached; inbound stream refused");
+            stream.reset(code::REJECTED);
+            return;
+        };
+        let config = self.config();
+        let (client, destination) = (ClientAddr(source), OrigDstAddr(destination));
+        let session = self.sessions.register(
+            Instant::now(),
+            client,
+            destination,
+            Some(peer.clone()),
+            Route::Inbound,
+        );
+        let span =
+            info_span!("session", id = session.id, %client, %destination, route = "inbound", %peer);
+        async {
+            let from = config.transparent_origin.then_some(client.0.ip());
+            let connect = sys::connect(from, destination.0, config.sessions.connect_timeout);
+            let connected = tokio::select! {
+                r = connect => r,
+                () = self.kill.cancelled() => Err(io::Error::new(io::ErrorKind::Interrupted, "shutting down")),
+            };
+            match connected {
+                Ok(server) => {
+                    let options = LanSocketOptions { keepalive: config.sessions.tcp_keepalive };
+                    if let Err(e) = sys::tune(&server, &options) {
+                        debug!(error = %e, "tuning the server socket");
+                    }
+                    info!("session opened");
+                    let outcome = self.relay(&session, stream, server).await;
+                    log_outcome(&session, outcome);
+                }
+                Err(e) => {
+                    let reset = relay::connect_error_code(&e);
+                    info!(error = %e, "connect failed; stream reset");
+                    stream.reset(reset);
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        drop(permit);
+    }
+
+    async fn relay(
+        &self,
+        session: &crate::session::Session,
+        client: impl Side,
+        server: impl Side,
+    ) -> Outcome {
+        let config = self.config();
+        relay::relay(
+            client,
+            server,
+            session,
+            config.sessions.relay_buffer,
+            config.sessions.idle_timeout,
+            self.kill.cancelled(),
+        )
+        .await
+    }
+}
+
+fn log_outcome(session: &crate::session::Session, outcome: Outcome) {
+    let age = session.started.elapsed();
+    let up = session
+        .from_client
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let down = session
+        .from_server
+        .load(std::sync::atomic::Ordering::Relaxed);
+    match outcome {
+        Outcome::Complete => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session closed"
+        ),
+        Outcome::Failed(e) => {
+            info!(error = %e, bytes_from_client = up, bytes_from_server = down, ?age, "session reset")
+        }
+        Outcome::Idle => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session idle; reset"
+        ),
+        Outcome::Shutdown => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session aborted at shutdown"
+        ),
+    }
+    session.set_state(SessionState::HalfClosed);
+}
+
+/// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
+/// hours does not flood the journal.
+fn log_failure(failures: u32, what: &str, endpoint: SocketAddr) {
+    if failures <= 3 || failures % 10 == 0 {
+        warn!(%endpoint, failures, "{what}");
+    }
+}
+
+async fn sleep_or_cancel(duration: Duration, cancel: &CancellationToken) {
+    tokio::select! {
+        () = tokio::time::sleep(duration) => {}
+        () = cancel.cancelled() => {}
+    }
+}

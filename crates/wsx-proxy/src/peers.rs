@@ -1,0 +1,231 @@
+//! Peer gateways: which one serves a destination, and whether its tunnel is healthy.
+//!
+//! Each peer lists the remote prefixes behind it; a destination goes to the peer with the
+//! longest matching prefix. A peer is healthy while it has an established tunnel from which
+//! something authenticated arrived within the health timeout (both ends send a PING after a
+//! quarter of it without traffic, so a silent tunnel means a dead peer or path). Between two
+//! gateways that both connect, two tunnels exist; both carry inbound streams, and new
+//! streams go on the one the side with the smaller public key started, so both ends agree
+//! and one congestion controller sees all the traffic.
+
+use ipnet::IpNet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+use wsx_tunnel::PublicKey;
+use wsx_tunnel::driver::Tunnel;
+
+/// What to do with new connections for a peer that is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Connect directly to the destination, unaccelerated (fail open).
+    #[default]
+    Bypass,
+    /// Refuse the connection (the client sees a reset).
+    Reject,
+}
+
+/// One peer gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerConfig {
+    /// A name for logs, the API and `secondary` references.
+    pub name: String,
+    pub public_key: PublicKey,
+    /// Where to connect; `None` waits for the peer to connect (a peer behind NAT).
+    pub endpoint: Option<SocketAddr>,
+    /// Destinations behind the peer.
+    pub prefixes: Vec<IpNet>,
+    /// A peer that takes this one's destinations while this one is down.
+    pub secondary: Option<String>,
+    pub on_failure: FailurePolicy,
+    /// Never use the tunnel: every new connection bypasses.
+    pub force_bypass: bool,
+}
+
+impl PeerConfig {
+    pub fn new(name: impl Into<String>, public_key: PublicKey) -> Self {
+        Self {
+            name: name.into(),
+            public_key,
+            endpoint: None,
+            prefixes: Vec::new(),
+            secondary: None,
+            on_failure: FailurePolicy::default(),
+            force_bypass: false,
+        }
+    }
+}
+
+/// A peer and its tunnels.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    state: Mutex<PeerState>,
+    /// Our own key, for choosing between two tunnels.
+    local_key: PublicKey,
+}
+
+#[derive(Debug)]
+struct PeerState {
+    config: PeerConfig,
+    tunnels: Vec<Tunnel>,
+}
+
+impl Peer {
+    pub(crate) fn new(config: PeerConfig, local_key: PublicKey) -> Self {
+        Self {
+            state: Mutex::new(PeerState {
+                config,
+                tunnels: Vec::new(),
+            }),
+            local_key,
+        }
+    }
+
+    pub(crate) fn config(&self) -> PeerConfig {
+        self.lock().config.clone()
+    }
+
+    pub(crate) fn set_config(&self, config: PeerConfig) {
+        self.lock().config = config;
+    }
+
+    pub(crate) fn add_tunnel(&self, tunnel: Tunnel) {
+        self.lock().tunnels.push(tunnel);
+    }
+
+    pub(crate) fn remove_tunnel(&self, tunnel: &Tunnel) {
+        self.lock().tunnels.retain(|t| t != tunnel);
+    }
+
+    pub(crate) fn tunnels(&self) -> Vec<Tunnel> {
+        self.lock().tunnels.clone()
+    }
+
+    /// The tunnel for new streams, if the peer is healthy.
+    pub(crate) fn usable_tunnel(&self, health_timeout: Duration) -> Option<Tunnel> {
+        // The tunnel the smaller key started is the one both ends prefer.
+        let we_start = self.local_key.as_bytes() < self.lock().config.public_key.as_bytes();
+        let mut usable: Vec<Tunnel> = self
+            .tunnels()
+            .into_iter()
+            .filter(|t| {
+                t.error().is_none() && t.is_established() && t.silent_for() < health_timeout
+            })
+            .collect();
+        usable.sort_by_key(|t| t.is_initiator() != we_start);
+        usable.into_iter().next()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PeerState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A peer's state, for the API and logs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PeerStatus {
+    pub name: String,
+    pub endpoint: Option<SocketAddr>,
+    pub prefixes: Vec<IpNet>,
+    /// A tunnel is established and the peer was heard from within the health timeout.
+    pub healthy: bool,
+    pub force_bypass: bool,
+    /// Established tunnels (one per side that connects).
+    pub tunnels: usize,
+    /// Smoothed RTT of the tunnel in use.
+    pub rtt: Option<Duration>,
+}
+
+pub(crate) fn status(peer: &Peer, health_timeout: Duration) -> PeerStatus {
+    let config = peer.config();
+    let tunnel = peer.usable_tunnel(health_timeout);
+    PeerStatus {
+        name: config.name,
+        endpoint: config.endpoint,
+        prefixes: config.prefixes,
+        healthy: tunnel.is_some(),
+        force_bypass: config.force_bypass,
+        tunnels: peer.tunnels().iter().filter(|t| t.is_established()).count(),
+        rtt: tunnel.map(|t| t.rtt()),
+    }
+}
+
+/// Destination prefixes to peers, longest prefix first.
+#[derive(Debug, Default)]
+pub(crate) struct PrefixTable {
+    entries: Vec<(IpNet, Arc<Peer>)>,
+}
+
+impl PrefixTable {
+    pub(crate) fn new(peers: &[Arc<Peer>]) -> Self {
+        let mut entries: Vec<(IpNet, Arc<Peer>)> = peers
+            .iter()
+            .flat_map(|p| {
+                p.config()
+                    .prefixes
+                    .into_iter()
+                    .map(|n| (n.trunc(), p.clone()))
+            })
+            .collect();
+        entries.sort_by_key(|(net, _)| std::cmp::Reverse(net.prefix_len()));
+        Self { entries }
+    }
+
+    pub(crate) fn lookup(&self, ip: IpAddr) -> Option<&Arc<Peer>> {
+        self.entries
+            .iter()
+            .find(|(net, _)| net.contains(&ip))
+            .map(|(_, p)| p)
+    }
+
+    /// Every prefix, for the interception rules.
+    pub(crate) fn prefixes(&self) -> Vec<IpNet> {
+        let mut all: Vec<IpNet> = self.entries.iter().map(|(n, _)| *n).collect();
+        all.sort();
+        all.dedup();
+        IpNet::aggregate(&all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wsx_tunnel::SecretKey;
+
+    fn peer(name: &str, prefixes: &[&str]) -> Arc<Peer> {
+        let mut config = PeerConfig::new(name, SecretKey::generate().public_key());
+        config.prefixes = prefixes.iter().map(|p| p.parse().unwrap()).collect();
+        Arc::new(Peer::new(config, SecretKey::generate().public_key()))
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_for_either_family() {
+        let wide = peer("wide", &["10.0.0.0/8", "fd00::/8"]);
+        let narrow = peer("narrow", &["10.1.2.0/24"]);
+        let table = PrefixTable::new(&[wide, narrow]);
+        let name = |ip: &str| table.lookup(ip.parse().unwrap()).map(|p| p.config().name);
+        assert_eq!(name("10.1.2.3").as_deref(), Some("narrow"));
+        assert_eq!(name("10.1.3.3").as_deref(), Some("wide"));
+        assert_eq!(name("fd00::1").as_deref(), Some("wide"));
+        assert_eq!(name("192.0.2.1"), None);
+    }
+
+    #[test]
+    fn prefixes_for_the_rules_are_merged() {
+        let a = peer("a", &["10.1.0.0/24", "10.1.1.0/24"]);
+        let b = peer("b", &["10.1.1.0/24", "fd00::/64"]);
+        let table = PrefixTable::new(&[a, b]);
+        let list: Vec<String> = table.prefixes().iter().map(|p| p.to_string()).collect();
+        assert_eq!(list, ["10.1.0.0/23", "fd00::/64"]);
+    }
+
+    #[test]
+    fn a_peer_without_tunnels_is_unhealthy() {
+        let p = peer("a", &["10.0.0.0/8"]);
+        assert!(p.usable_tunnel(Duration::from_secs(2)).is_none());
+        assert!(!status(&p, Duration::from_secs(2)).healthy);
+    }
+}
