@@ -10,8 +10,10 @@
 //! delivery rate: the smallest gain that doubles the delivery rate every round, so the rate
 //! accelerates smoothly — paced, never a window-sized burst — and reaches a 100 Mbit/s, 100 ms
 //! path from a 32-packet start in about five rounds. It ends when the delivery rate stops
-//! growing (three rounds without 25 % growth: the pipe is full) or when losses show a full
-//! queue. A short drain at the inverse gain then empties the queue Rapid Start built.
+//! growing (three rounds without 25 % growth: the pipe is full; rounds in which the sender
+//! ran out of data do not count, so a tunnel that idled on keepalives still ramps up) or
+//! when losses show a full queue. A short drain at the inverse gain then empties the queue
+//! Rapid Start built.
 //!
 //! **Optimal Congestion Control.** The rate cruises at the bottleneck estimate, and every eight
 //! minimum RTTs it probes for more (one RTT at 1.25×) and drains what the probe queued (one RTT
@@ -100,6 +102,9 @@ pub struct Adaptive {
     next_round_delivered: u64,
     /// The most recent delivery-rate sample.
     latest_rate: u64,
+    /// Whether a sample of the current round was limited by the application rather than the
+    /// path: such a round says nothing about whether the pipe is full.
+    round_app_limited: bool,
     full_rate: u64,
     full_rate_rounds: u32,
     cycle_index: usize,
@@ -131,6 +136,7 @@ impl Adaptive {
             round: 0,
             next_round_delivered: 0,
             latest_rate: 0,
+            round_app_limited: false,
             full_rate: 0,
             full_rate_rounds: 0,
             cycle_index: 2,
@@ -195,7 +201,9 @@ impl Adaptive {
 
     fn on_round_start(&mut self) {
         self.pattern.on_round_end();
-        if self.phase == Phase::RapidStart {
+        let app_limited = std::mem::take(&mut self.round_app_limited);
+        // An idle tunnel (keepalive PINGs only) must not conclude that the pipe is full.
+        if self.phase == Phase::RapidStart && !app_limited {
             let rate = self.bottleneck.get();
             if rate >= scale(self.full_rate, FULL_PIPE_GROWTH) {
                 self.full_rate = rate;
@@ -257,6 +265,7 @@ impl Controller for Adaptive {
         }
         if let Some(sample) = ack.rate {
             self.latest_rate = sample.rate;
+            self.round_app_limited |= sample.app_limited;
             if !sample.app_limited || sample.rate >= self.bottleneck.get() {
                 self.bottleneck.update(self.round, sample.rate);
             }

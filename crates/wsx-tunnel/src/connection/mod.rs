@@ -256,7 +256,6 @@ pub struct Connection {
     events: VecDeque<Event>,
     last_heard: Instant,
     last_sent: Instant,
-    initiator: bool,
     close_frame: Option<(u64, Vec<u8>)>,
     close_resend: bool,
     stats: ConnectionStats,
@@ -291,7 +290,6 @@ impl Connection {
         };
         Self {
             streams: Streams::new(initiator, limits, no_credit),
-            initiator,
             config,
             state,
             local_id,
@@ -448,11 +446,6 @@ impl Connection {
     /// This side's connection id (the one the peer writes in its packets).
     pub fn local_id(&self) -> u32 {
         self.local_id
-    }
-
-    /// Whether this side started the handshake.
-    pub fn is_initiator(&self) -> bool {
-        self.initiator
     }
 
     /// When an authenticated packet last arrived from the peer (or the connection started).
@@ -649,7 +642,11 @@ impl Connection {
         consider(self.loss_or_pto_deadline());
         consider(self.ack_deadline);
         if self.is_established() {
-            consider(Some(self.last_sent + self.config.keepalive));
+            // Once a PING is pending the keepalive has done its part; the PING leaves when
+            // the pacer and the window let it.
+            if !self.ping_pending {
+                consider(Some(self.last_sent + self.config.keepalive));
+            }
             if self.wants_to_send_data() && self.window_room() > 0 {
                 consider(self.pacer.next());
             }

@@ -258,11 +258,6 @@ impl Tunnel {
         state.error.is_none() && state.connection.is_established()
     }
 
-    /// Whether this side started the connection (rather than accepting it).
-    pub fn is_initiator(&self) -> bool {
-        self.link.lock().connection.is_initiator()
-    }
-
     /// How long ago an authenticated packet last arrived from the peer; see
     /// [`Connection::last_heard`](crate::Connection::last_heard).
     pub fn silent_for(&self) -> Duration {

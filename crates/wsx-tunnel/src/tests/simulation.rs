@@ -113,6 +113,30 @@ fn reaches_90_percent_within_ten_round_trips() {
     );
 }
 
+/// A tunnel that idled first (only keepalive PINGs crossing it for many rounds) still ramps
+/// up like a fresh one: rounds in which the sender had nothing to send say nothing about
+/// whether the pipe is full.
+#[test]
+fn an_idle_tunnel_still_ramps_up_quickly() {
+    let mut config = crate::testing::transport_config();
+    config.keepalive = MS * 250;
+    let forward = LinkConfig::new(RTT, 100);
+    let reverse = LinkConfig::new(forward.delay * 2, 1000);
+    let mut pair = Pair::with_config(crate::test_epoch(), forward, reverse, 7, config);
+    pair.connect();
+    let idle_until = pair.now + Duration::from_secs(5);
+    pair.run_until(Duration::from_secs(6), |p| p.now >= idle_until);
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(3));
+    let first = first_rtt_at_90_percent(&transfers);
+    assert!(
+        first < 10,
+        "first bucket at 90 %: {first}: {:?}",
+        &transfers.delivered[..12]
+    );
+}
+
 /// A second connection to the same peer starts from what the first learned: 90 % within three
 /// round trips.
 #[test]
@@ -402,4 +426,18 @@ proptest! {
         transfers.run(&mut pair, Duration::from_secs(600));
         transfers.verify();
     }
+}
+
+/// The side that accepted the connection sends as fast as the one that started it: a
+/// gateway opens streams on whichever tunnel exists, whoever made it.
+#[test]
+fn the_responder_fills_the_path_too() {
+    let mut pair = pair(LinkConfig::new(RTT, 100), 21);
+    // Side 1 accepted; its data goes over the reverse link, so make that the bottleneck.
+    pair.set_rate(1, RATE);
+    let mut transfers = Transfers::new(1);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(8));
+    let u = utilization(&transfers, 30, 80, RATE);
+    assert!(u >= 0.9, "utilization {u:.4}: {:#?}", pair.server().stats());
 }
