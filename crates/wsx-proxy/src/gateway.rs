@@ -31,7 +31,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 use wsx_tunnel::driver::{Driver, Stream, Tunnel};
-use wsx_tunnel::{EndpointConfig, PublicKey, SecretKey, StreamMeta, TransportConfig};
+use wsx_tunnel::{
+    ConnectionError, EndpointConfig, PublicKey, SecretKey, StreamMeta, TransportConfig,
+};
 
 /// How long a handshake may take before the peer keeper starts over.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(4);
@@ -490,7 +492,7 @@ impl Inner {
                         retire(previous);
                     }
                     let entry = PeerEntry {
-                        peer: Arc::new(Peer::new(config.clone(), self.local_key)),
+                        peer: Arc::new(Peer::new(config.clone())),
                         cancel: self.stop.child_token(),
                     };
                     if let Some(endpoint) = config.endpoint {
@@ -521,7 +523,8 @@ impl Inner {
         }
     }
 
-    /// Keeps a tunnel to a peer up: connects, watches its health, reconnects.
+    /// Keeps a tunnel to a peer up: connects whenever there is no healthy one (the peer may
+    /// have connected to us instead), watches it, reconnects.
     async fn keep_peer(
         self: Arc<Self>,
         peer: Arc<Peer>,
@@ -531,6 +534,11 @@ impl Inner {
         let key = peer.config().public_key;
         let mut failures = 0u32;
         while !cancel.is_cancelled() {
+            let health = self.config().sessions.health_timeout;
+            if peer.usable_tunnel(health).is_some() {
+                sleep_or_cancel(HEALTH_CHECK, &cancel).await;
+                continue;
+            }
             let tunnel = match self.driver.connect(endpoint, key) {
                 Ok(t) => t,
                 Err(e) => {
@@ -547,29 +555,35 @@ impl Inner {
                 Ok(Ok(())) => {
                     info!(%endpoint, rtt = ?tunnel.rtt(), "tunnel up");
                     failures = 0;
+                    self.adopt(&peer, tunnel.clone(), &cancel);
+                    self.watch(&peer, &tunnel, &cancel).await;
                 }
+                // The peer connected at the same moment and its attempt won: use that one.
+                Ok(Err(ConnectionError::Replaced)) => debug!("our handshake lost to the peer's"),
                 Ok(Err(e)) => {
                     failures += 1;
                     log_failure(failures, &format!("handshake failed: {e}"), endpoint);
                     sleep_or_cancel(RECONNECT_DELAY, &cancel).await;
-                    continue;
                 }
                 Err(_) => {
-                    failures += 1;
-                    log_failure(failures, "no answer to the handshake", endpoint);
                     tunnel.close(CLOSE_SILENT, b"handshake timed out");
-                    continue;
+                    // The peer ignores our attempt when its own, made at the same moment,
+                    // wins; then its tunnel is in service by now.
+                    if peer.usable_tunnel(health).is_some() {
+                        debug!("no answer to the handshake; the peer's own tunnel is up");
+                    } else {
+                        failures += 1;
+                        log_failure(failures, "no answer to the handshake", endpoint);
+                    }
                 }
             }
-            self.adopt(&peer, tunnel.clone(), &cancel);
-            self.watch(&peer, &tunnel, &cancel).await;
-            sleep_or_cancel(RECONNECT_DELAY, &cancel).await;
         }
     }
 
     /// Takes a tunnel into service: it carries new streams and its incoming streams are
     /// served.
     fn adopt(self: &Arc<Self>, peer: &Arc<Peer>, tunnel: Tunnel, cancel: &CancellationToken) {
+        debug!(remote = %tunnel.remote_address(), established = tunnel.is_established(), silent = ?tunnel.silent_for(), "tunnel in service");
         peer.add_tunnel(tunnel.clone());
         let name = peer.config().name;
         let serve = self
@@ -618,15 +632,13 @@ impl Inner {
                 continue;
             };
             let name = peer.config().name;
-            info!(peer = %name, remote = %tunnel.remote_address(), "peer connected");
             let this = self.clone();
             tokio::spawn(
                 async move {
-                    if tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established())
-                        .await
-                        .is_err()
-                    {
-                        return;
+                    match tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established()).await {
+                        Ok(Ok(())) => info!(remote = %tunnel.remote_address(), "peer connected"),
+                        Ok(Err(e)) => return debug!(error = %e, "accepted tunnel ended"),
+                        Err(_) => return debug!("accepted tunnel never confirmed"),
                     }
                     this.adopt(&peer, tunnel.clone(), &cancel);
                     this.watch(&peer, &tunnel, &cancel).await;

@@ -3,10 +3,13 @@
 //! Each peer lists the remote prefixes behind it; a destination goes to the peer with the
 //! longest matching prefix. A peer is healthy while it has an established tunnel from which
 //! something authenticated arrived within the health timeout (both ends send a PING after a
-//! quarter of it without traffic, so a silent tunnel means a dead peer or path). Between two
-//! gateways that both connect, two tunnels exist; both carry inbound streams, and new
-//! streams go on the one the side with the smaller public key started, so both ends agree
-//! and one congestion controller sees all the traffic.
+//! quarter of it without traffic, so a silent tunnel means a dead peer or path).
+//!
+//! Two gateways share one tunnel, whichever of them started it: the tunnel endpoint keeps one
+//! connection per peer (a newer handshake replaces an older connection, and when both start
+//! at once the larger key's attempt wins), and a gateway only connects while it has no
+//! healthy tunnel to the peer. So one congestion controller sees all the traffic between
+//! the two.
 
 use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
@@ -62,8 +65,6 @@ impl PeerConfig {
 #[derive(Debug)]
 pub(crate) struct Peer {
     state: Mutex<PeerState>,
-    /// Our own key, for choosing between two tunnels.
-    local_key: PublicKey,
 }
 
 #[derive(Debug)]
@@ -73,13 +74,12 @@ struct PeerState {
 }
 
 impl Peer {
-    pub(crate) fn new(config: PeerConfig, local_key: PublicKey) -> Self {
+    pub(crate) fn new(config: PeerConfig) -> Self {
         Self {
             state: Mutex::new(PeerState {
                 config,
                 tunnels: Vec::new(),
             }),
-            local_key,
         }
     }
 
@@ -103,19 +103,13 @@ impl Peer {
         self.lock().tunnels.clone()
     }
 
-    /// The tunnel for new streams, if the peer is healthy.
+    /// The tunnel for new streams, if the peer is healthy: the newest established one that
+    /// is not silent. (An older one is on its way out, replaced by the newer handshake.)
     pub(crate) fn usable_tunnel(&self, health_timeout: Duration) -> Option<Tunnel> {
-        // The tunnel the smaller key started is the one both ends prefer.
-        let we_start = self.local_key.as_bytes() < self.lock().config.public_key.as_bytes();
-        let mut usable: Vec<Tunnel> = self
-            .tunnels()
+        self.tunnels()
             .into_iter()
-            .filter(|t| {
-                t.error().is_none() && t.is_established() && t.silent_for() < health_timeout
-            })
-            .collect();
-        usable.sort_by_key(|t| t.is_initiator() != we_start);
-        usable.into_iter().next()
+            .rev()
+            .find(|t| t.is_established() && t.silent_for() < health_timeout)
     }
 
     fn lock(&self) -> MutexGuard<'_, PeerState> {
@@ -198,7 +192,7 @@ mod tests {
     fn peer(name: &str, prefixes: &[&str]) -> Arc<Peer> {
         let mut config = PeerConfig::new(name, SecretKey::generate().public_key());
         config.prefixes = prefixes.iter().map(|p| p.parse().unwrap()).collect();
-        Arc::new(Peer::new(config, SecretKey::generate().public_key()))
+        Arc::new(Peer::new(config))
     }
 
     #[test]
