@@ -553,7 +553,6 @@ impl Inner {
             };
             match handshake {
                 Ok(Ok(())) => {
-                    info!(%endpoint, rtt = ?tunnel.rtt(), "tunnel up");
                     failures = 0;
                     self.adopt(&peer, tunnel.clone(), &cancel);
                     self.watch(&peer, &tunnel, &cancel).await;
@@ -583,8 +582,8 @@ impl Inner {
     /// Takes a tunnel into service: it carries new streams and its incoming streams are
     /// served.
     fn adopt(self: &Arc<Self>, peer: &Arc<Peer>, tunnel: Tunnel, cancel: &CancellationToken) {
-        debug!(remote = %tunnel.remote_address(), established = tunnel.is_established(), silent = ?tunnel.silent_for(), "tunnel in service");
         peer.add_tunnel(tunnel.clone());
+        info!(remote = %tunnel.remote_address(), rtt = ?tunnel.rtt(), "tunnel in service");
         let name = peer.config().name;
         let serve = self
             .clone()
@@ -636,7 +635,7 @@ impl Inner {
             tokio::spawn(
                 async move {
                     match tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established()).await {
-                        Ok(Ok(())) => info!(remote = %tunnel.remote_address(), "peer connected"),
+                        Ok(Ok(())) => {}
                         Ok(Err(e)) => return debug!(error = %e, "accepted tunnel ended"),
                         Err(_) => return debug!("accepted tunnel never confirmed"),
                     }

@@ -86,7 +86,8 @@ fn init_logging(level: &str) -> Result<()> {
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .with_writer(std::io::stderr);
     if journal {
         builder.without_time().with_ansi(false).init();
     } else {

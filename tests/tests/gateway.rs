@@ -1,0 +1,362 @@
+//! The wsx gateway end to end: client → gw-a (wsx) → emulated WAN → gw-b (wsx) → server,
+//! with real kernel TCP, real nftables TPROXY rules and the `wsx` binary. Every transfer is
+//! verified by hash. Needs root; run with `cargo xtask test`.
+
+// Test code: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::hash::{DefaultHasher, Hasher};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use wsx_e2e::Daemon;
+use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
+use wsx_lab::{Lab, Node, WanSpec, addr};
+use wsx_tunnel::SecretKey;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A lab with a 40 ms, 0.5 % loss, 100 Mbit/s WAN, and a directory for configurations.
+fn lab() -> (Lab, PathBuf) {
+    let wan = WanSpec {
+        rtt_ms: 40.0,
+        loss_pct: 0.5,
+        rate_mbit: 100.0,
+        ..WanSpec::default()
+    };
+    let lab = Lab::start(&wan.emulator_config()).unwrap();
+    let dir = std::env::temp_dir().join(format!("wsx-e2e-{}", lab.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    (lab, dir)
+}
+
+/// The /24 and /64 an address lives in.
+fn prefixes(v4: std::net::Ipv4Addr, v6: std::net::Ipv6Addr) -> String {
+    let o = v4.octets();
+    let s = v6.segments();
+    format!(
+        "[\"{}.{}.{}.0/24\", \"{:x}:{:x}:{:x}:{:x}::/64\"]",
+        o[0], o[1], o[2], s[0], s[1], s[2], s[3]
+    )
+}
+
+/// Configurations for both gateways, each pointing at the other.
+struct Configs {
+    gw_a: String,
+    gw_b: String,
+}
+
+fn configs() -> Configs {
+    let (a, b) = (SecretKey::generate(), SecretKey::generate());
+    let config =
+        |secret: &SecretKey, peer: &SecretKey, name: &str, endpoint: IpAddr, remote: String| {
+            format!(
+                r#"[tunnel]
+listen = "[::]:4500"
+private_key = "{}"
+
+[intercept]
+interfaces = ["lan0"]
+
+[sessions]
+connect_timeout = "3s"
+drain_timeout = "2s"
+
+[[peer]]
+name = "{name}"
+public_key = "{}"
+endpoint = "{}"
+prefixes = {remote}
+"#,
+                secret.to_base64(),
+                peer.public_key(),
+                SocketAddr::new(endpoint, 4500)
+            )
+        };
+    Configs {
+        gw_a: config(
+            &a,
+            &b,
+            "gw-b",
+            addr::GWB_WAN_V4.into(),
+            prefixes(addr::SERVER_V4, addr::SERVER_V6),
+        ),
+        gw_b: config(
+            &b,
+            &a,
+            "gw-a",
+            addr::GWA_WAN_V4.into(),
+            prefixes(addr::CLIENT_V4, addr::CLIENT_V6),
+        ),
+    }
+}
+
+/// Both gateways running with a tunnel between them.
+fn gateways(lab: &Lab, dir: &std::path::Path) -> (Daemon, Daemon) {
+    let c = configs();
+    let gw_a = Daemon::start(lab, Node::GwA, dir, &c.gw_a);
+    let gw_b = Daemon::start(lab, Node::GwB, dir, &c.gw_b);
+    wait_for_tunnel(&gw_a, &gw_b, 1);
+    (gw_a, gw_b)
+}
+
+/// Waits until each gateway has put `n` tunnels in service since it started.
+fn wait_for_tunnel(gw_a: &Daemon, gw_b: &Daemon, n: usize) {
+    for gw in [gw_a, gw_b] {
+        gw.wait_for_count("tunnel in service", n, Duration::from_secs(20));
+    }
+}
+
+/// Sends `flows` × `bytes` from `from` to a sink in `to`, over IPv6 or IPv4; returns the
+/// verified byte count.
+fn transfer(lab: &Lab, from: Node, to: Node, ipv6: bool, flows: u16, bytes: u64) -> u64 {
+    let sink_ip = match to {
+        Node::Client => addr::client(ipv6),
+        _ => addr::server(ipv6),
+    };
+    let listener = lab
+        .run_in(to, move || TcpListener::bind(SocketAddr::new(sink_ip, 0)))
+        .unwrap()
+        .unwrap();
+    let target = listener.local_addr().unwrap();
+    let sink: JoinHandle<traffic::SinkReport> = std::thread::spawn(move || {
+        traffic::sink(
+            &listener,
+            SinkOptions {
+                flows,
+                idle_timeout: Duration::from_secs(30),
+            },
+        )
+        .unwrap()
+    });
+    let options = SendOptions {
+        to: target,
+        flows,
+        bytes: Some(bytes),
+        seconds: 0.0,
+        congestion: None,
+        payload: PayloadKind::Random,
+        seed: 7,
+        receipt_timeout: Duration::from_secs(60),
+    };
+    let sent = lab
+        .run_in(from, move || traffic::send(&options))
+        .unwrap()
+        .unwrap();
+    let received = sink.join().unwrap();
+    assert!(
+        sent.verified(),
+        "sender: {:?}",
+        sent.flows.iter().find(|f| !f.verified)
+    );
+    assert!(
+        received.verified(),
+        "sink: {:?}",
+        received.flows.iter().find(|f| !f.verified)
+    );
+    received.flows.iter().map(|f| f.bytes).sum()
+}
+
+fn digest(data: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    h.write(data);
+    h.finish()
+}
+
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// The client sends a request and half-closes; the server reads to the end (so the FIN
+/// crossed), answers with the request's hash and a body, and closes; the client reads to
+/// the end. Returns the client address the server saw.
+fn half_close_exchange(lab: &Lab, ipv6: bool) -> SocketAddr {
+    let server_ip = addr::server(ipv6);
+    let listener = lab
+        .run_in(Node::Server, move || {
+            TcpListener::bind(SocketAddr::new(server_ip, 0))
+        })
+        .unwrap()
+        .unwrap();
+    let target = listener.local_addr().unwrap();
+    let request = pseudo_random(3_000_000, 11);
+    let body = pseudo_random(2_000_000, 12);
+    let expected_body = body.clone();
+    let server = std::thread::spawn(move || {
+        let (mut s, peer) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        s.write_all(&digest(&got).to_be_bytes()).unwrap();
+        s.write_all(&body).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        peer
+    });
+    let sent_digest = digest(&request);
+    let reply = lab
+        .run_in(Node::Client, move || {
+            let mut c = TcpStream::connect(target).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            c.write_all(&request).unwrap();
+            c.shutdown(Shutdown::Write).unwrap();
+            let mut reply = Vec::new();
+            c.read_to_end(&mut reply).unwrap();
+            reply
+        })
+        .unwrap();
+    let peer = server.join().unwrap();
+    assert_eq!(reply.len(), 8 + expected_body.len());
+    assert_eq!(
+        reply[..8],
+        sent_digest.to_be_bytes(),
+        "the server got the request intact"
+    );
+    assert!(
+        reply[8..] == expected_body[..],
+        "the client got the body intact"
+    );
+    peer
+}
+
+#[test]
+fn sessions_cross_the_tunnel_both_ways_over_ipv4_and_ipv6() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (gw_a, gw_b) = gateways(&lab, &dir);
+    for ipv6 in [false, true] {
+        assert_eq!(
+            transfer(&lab, Node::Client, Node::Server, ipv6, 3, 2_000_000),
+            6_000_000
+        );
+        // Connections the other way are intercepted by gw-b.
+        assert_eq!(
+            transfer(&lab, Node::Server, Node::Client, ipv6, 2, 2_000_000),
+            4_000_000
+        );
+        // Transparent re-origination: the server sees the client's own address.
+        let seen = half_close_exchange(&lab, ipv6);
+        assert_eq!(
+            seen.ip(),
+            addr::client(ipv6),
+            "the server saw the client's address"
+        );
+    }
+    assert_eq!(gw_a.sessions("bypass"), 0);
+    assert!(
+        gw_a.sessions("tunnel") == 2 * (3 + 1),
+        "gw-a carried the client's sessions"
+    );
+    assert!(
+        gw_b.sessions("tunnel") == 2 * 2,
+        "gw-b carried the server's sessions"
+    );
+    let stats = lab.emulator().stats().unwrap();
+    assert!(
+        stats.a_to_b.drop_random > 0,
+        "the WAN lost packets: {stats:?}"
+    );
+}
+
+#[test]
+fn a_refused_connection_reaches_the_client_as_a_reset() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (_gw_a, gw_b) = gateways(&lab, &dir);
+    let server = addr::server(false);
+    let (error, elapsed) = lab
+        .run_in(Node::Client, move || {
+            let start = Instant::now();
+            // gw-a accepts at once (TPROXY); the refusal comes back through the tunnel.
+            let mut c = TcpStream::connect(SocketAddr::new(server, 9)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = [0u8; 16];
+            (c.read(&mut buf), start.elapsed())
+        })
+        .unwrap();
+    let kind = error
+        .map(|n| format!("read {n} bytes"))
+        .map_err(|e| e.kind());
+    assert_eq!(kind, Err(ErrorKind::ConnectionReset));
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    gw_b.wait_for("connect failed; stream reset", Duration::from_secs(5));
+}
+
+#[test]
+fn new_sessions_bypass_a_dead_peer_and_return_to_the_tunnel() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (gw_a, mut gw_b) = gateways(&lab, &dir);
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 1, 1_000_000),
+        1_000_000
+    );
+    assert_eq!(gw_a.sessions("tunnel"), 1);
+    // A crash: nothing is cleaned up on gw-b.
+    gw_b.crash();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 2, 1_000_000),
+        2_000_000
+    );
+    assert_eq!(gw_a.sessions("bypass"), 2, "new sessions went direct");
+    // gw-b comes back (removing its leftovers); new sessions use the tunnel again.
+    let gw_b = Daemon::start_with(&lab, Node::GwB, gw_b.config.clone());
+    gw_a.wait_for_count("tunnel in service", 2, Duration::from_secs(20));
+    gw_b.wait_for("tunnel in service", Duration::from_secs(20));
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 1, 1_000_000),
+        1_000_000
+    );
+    assert_eq!(gw_a.sessions("tunnel"), 2, "accelerated again");
+}
+
+#[test]
+fn stopping_removes_the_rules_and_traffic_still_flows() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (mut gw_a, mut gw_b) = gateways(&lab, &dir);
+    assert!(gw_a.stop(), "gw-a stopped cleanly");
+    assert!(gw_b.stop(), "gw-b stopped cleanly");
+    for node in [Node::GwA, Node::GwB] {
+        let netns = lab.netns(node);
+        let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
+        assert!(!tables.contains("wsx"), "{node:?}: {tables}");
+        for family in ["-4", "-6"] {
+            let rules = wsx_lab::netns::exec(&netns, "ip", &[family, "rule"]).unwrap();
+            assert!(!rules.contains("0x7773"), "{node:?}: {rules}");
+        }
+    }
+    for ipv6 in [false, true] {
+        assert_eq!(
+            transfer(&lab, Node::Client, Node::Server, ipv6, 1, 1_000_000),
+            1_000_000
+        );
+    }
+}
+
+#[test]
+fn a_thousand_concurrent_sessions_complete() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (gw_a, _gw_b) = gateways(&lab, &dir);
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 1000, 20_000),
+        20_000_000
+    );
+    assert_eq!(gw_a.sessions("bypass"), 0);
+    gw_a.wait_for_count("session closed", 1000, Duration::from_secs(30));
+}
