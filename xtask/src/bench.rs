@@ -360,14 +360,12 @@ impl Case {
 
 /// Runs one case on a fresh lab.
 pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
-    if case.mode == Mode::Wsx {
-        bail!(
-            "mode wsx needs the wsx gateways on gw-a and gw-b, which are not implemented yet \
-             (the proxy and daemon issue); use direct-cubic or direct-bbr"
-        );
-    }
     let lab = Lab::start(&case.wan.emulator_config())?;
     let work = tempdir(&lab)?;
+    let gateways = match case.mode {
+        Mode::Wsx => Some(crate::gateway::Pair::start(&lab, &work, binary)?),
+        _ => None,
+    };
     let sink_json = work.join("sink.json");
     let send_json = work.join("send.json");
     let (sink_node, sender_node, target) = case.mode.endpoints(case.ipv6);
@@ -434,6 +432,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         .status()?;
     let sink_status = sink.wait()?;
     let after = lab.emulator().stats()?;
+    let gateway_usage = gateways.map(|g| g.stop()).transpose()?;
     drop(lab);
 
     let sent: SendReport = read_json(&send_json).context("the sender's report")?;
@@ -480,7 +479,10 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     let endpoints_cpu = sent.cpu_user_s + sent.cpu_sys_s + received.cpu_user_s + received.cpu_sys_s;
     let driver_cpu =
         |r: &Option<TunnelReport>| r.as_ref().map(|t| t.driver_user_s + t.driver_sys_s);
-    let (gw_a, gw_b) = (driver_cpu(&sent.tunnel), driver_cpu(&received.tunnel));
+    let (gw_a, gw_b) = match &gateway_usage {
+        Some([a, b]) => (Some(a.cpu_s), Some(b.cpu_s)),
+        None => (driver_cpu(&sent.tunnel), driver_cpu(&received.tunnel)),
+    };
     let tunnel = match (&sent.tunnel, &received.tunnel) {
         (Some(s), Some(r)) => Some(TunnelFigures::new(s, r, bytes)),
         _ => None,
@@ -532,9 +534,19 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             emulator: after.cpu_s() - before.cpu_s(),
             gw_a,
             gw_b,
-            endpoints: endpoints_cpu - gw_a.unwrap_or(0.0) - gw_b.unwrap_or(0.0),
+            // The tunnel modes' drivers run inside the endpoint processes; the gateways of
+            // the wsx mode are processes of their own.
+            endpoints: endpoints_cpu
+                - driver_cpu(&sent.tunnel).unwrap_or(0.0)
+                - driver_cpu(&received.tunnel).unwrap_or(0.0),
         },
-        max_rss_kb: GatewayRss::default(),
+        max_rss_kb: match &gateway_usage {
+            Some([a, b]) => GatewayRss {
+                gw_a: Some(a.max_rss_kb),
+                gw_b: Some(b.max_rss_kb),
+            },
+            None => GatewayRss::default(),
+        },
         verified: sent.verified()
             && received.verified()
             && send_status.success()
@@ -603,7 +615,7 @@ pub(crate) fn jain(xs: &[f64]) -> f64 {
 impl Record {
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}",
+            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}",
             self.mode.label(),
             self.rtt_ms,
             self.loss_pct,
@@ -614,6 +626,10 @@ impl Record {
             self.t90_ms.map_or("never".into(), |t| format!("{t} ms")),
             self.rev_per_fwd,
             self.cpu_s.emulator,
+            match (self.cpu_s.gw_a, self.cpu_s.gw_b, &self.tunnel) {
+                (Some(a), Some(b), None) => format!(", gateway cpu {a:.2}/{b:.2} s"),
+                _ => String::new(),
+            },
             self.tunnel.as_ref().map_or(String::new(), |t| format!(
                 ", tunnel cpu {:.2}/{:.2} s/GB, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}",
                 t.send_cpu_s_per_gb,

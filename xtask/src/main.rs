@@ -12,6 +12,7 @@ mod bench;
 mod chart;
 mod demo;
 mod emulator_cost;
+mod gateway;
 mod test;
 
 use anyhow::Result;
@@ -51,16 +52,25 @@ fn workspace_root() -> std::path::PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
-/// Builds the lab's binary in release mode, makes the lab use it (for the emulator too: the
+/// Builds the lab's binary (and the gateway's, `wsx`, beside it) in release mode, makes the
+/// lab use it (for the emulator too: the
 /// lab would otherwise find the debug build beside this program), and returns its path.
 fn build_lab_binary() -> Result<std::path::PathBuf> {
     let root = workspace_root();
     let status =
         std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args(["build", "--quiet", "--release", "-p", "wsx-lab"])
+            .args([
+                "build",
+                "--quiet",
+                "--release",
+                "-p",
+                "wsx-lab",
+                "-p",
+                "wsx",
+            ])
             .current_dir(&root)
             .status()?;
-    anyhow::ensure!(status.success(), "building wsx-lab failed");
+    anyhow::ensure!(status.success(), "building wsx-lab and wsx failed");
     let binary = root.join("target/release/wsx-lab");
     wsx_lab::use_lab_binary(binary.clone());
     Ok(binary)

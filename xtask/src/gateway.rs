@@ -1,0 +1,171 @@
+//! The wsx gateways of the `wsx` benchmark mode and the demo: a `wsx run` in gw-a and one
+//! in gw-b, configured for each other, with their CPU time and peak memory read at the end.
+//! The logs of the last run are kept as `wsx-bench-last-gw{a,b}.log` in the temp directory.
+
+use anyhow::{Context, Result, bail};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use wsx_lab::{Lab, Node, addr};
+use wsx_tunnel::SecretKey;
+
+/// What a gateway process used.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Usage {
+    pub(crate) cpu_s: f64,
+    pub(crate) max_rss_kb: u64,
+}
+
+/// Both gateways, running.
+#[derive(Debug)]
+pub(crate) struct Pair {
+    children: [Child; 2],
+    work: std::path::PathBuf,
+}
+
+impl Pair {
+    /// Starts `wsx` (found beside the lab binary) in gw-a and gw-b and waits until the
+    /// tunnel between them carries sessions.
+    pub(crate) fn start(lab: &Lab, work: &Path, lab_binary: &Path) -> Result<Self> {
+        let wsx = lab_binary.with_file_name("wsx");
+        if !wsx.is_file() {
+            bail!(
+                "no wsx binary at {}: build it with `cargo build --release -p wsx`",
+                wsx.display()
+            );
+        }
+        let (a, b) = (SecretKey::generate(), SecretKey::generate());
+        let nodes = [
+            (
+                Node::GwA,
+                &a,
+                &b,
+                SocketAddr::from((addr::GWB_WAN_V4, 4500)),
+                prefixes(addr::SERVER_V4, addr::SERVER_V6),
+            ),
+            (
+                Node::GwB,
+                &b,
+                &a,
+                SocketAddr::from((addr::GWA_WAN_V4, 4500)),
+                prefixes(addr::CLIENT_V4, addr::CLIENT_V6),
+            ),
+        ];
+        let mut children = Vec::new();
+        let mut logs = Vec::new();
+        for (node, own, peer, endpoint, remote) in nodes {
+            let config = work.join(format!("{}.toml", node.role()));
+            std::fs::write(&config, config_text(own, peer, endpoint, &remote))?;
+            let log = work.join(format!("{}.log", node.role()));
+            let child = lab
+                .command(node, &wsx)
+                .arg("run")
+                .arg("--config")
+                .arg(&config)
+                // Congestion events are debug events of the tunnel: keep them for analysis.
+                .env("WSX_LOG", "info,wsx_tunnel=debug")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log)?)
+                .spawn()
+                .with_context(|| format!("starting wsx in {node:?}"))?;
+            children.push(child);
+            logs.push(log);
+        }
+        let pair = Self {
+            children: children
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("two gateways"))?,
+            work: work.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for log in &logs {
+            while !std::fs::read_to_string(log)?.contains("tunnel in service") {
+                if Instant::now() > deadline {
+                    bail!(
+                        "the gateways' tunnel did not come up; see {}",
+                        log.display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(pair)
+    }
+
+    /// Reads each gateway's usage, then stops them.
+    pub(crate) fn stop(mut self) -> Result<[Usage; 2]> {
+        let usage = [usage(self.children[0].id())?, usage(self.children[1].id())?];
+        for child in &mut self.children {
+            // SAFETY: kill with our child's pid and a valid signal.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        }
+        for child in &mut self.children {
+            child.wait()?;
+        }
+        // The case's directory goes with its lab; the logs of the last run stay.
+        for n in ["gwa", "gwb"] {
+            let kept = std::env::temp_dir().join(format!("wsx-bench-last-{n}.log"));
+            let _ = std::fs::copy(self.work.join(format!("{n}.log")), kept);
+        }
+        Ok(usage)
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn config_text(own: &SecretKey, peer: &SecretKey, endpoint: SocketAddr, remote: &str) -> String {
+    format!(
+        "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
+         [[peer]]\nname = \"peer\"\npublic_key = \"{}\"\nendpoint = \"{endpoint}\"\nprefixes = {remote}\n",
+        own.to_base64(),
+        peer.public_key()
+    )
+}
+
+/// The /24 and /64 a node's addresses live in, as a TOML array.
+fn prefixes(v4: std::net::Ipv4Addr, v6: std::net::Ipv6Addr) -> String {
+    let o = v4.octets();
+    let s = v6.segments();
+    format!(
+        "[\"{}.{}.{}.0/24\", \"{:x}:{:x}:{:x}:{:x}::/64\"]",
+        o[0], o[1], o[2], s[0], s[1], s[2], s[3]
+    )
+}
+
+/// CPU seconds (user + system) and peak resident memory of a running process.
+fn usage(pid: u32) -> Result<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    let ticks: u64 = fields
+        .get(11..13)
+        .context("short /proc stat")?
+        .iter()
+        .map(|f| f.parse::<u64>().unwrap_or(0))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let max_rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    Ok(Usage {
+        cpu_s: ticks as f64 / hz,
+        max_rss_kb,
+    })
+}
