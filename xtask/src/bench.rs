@@ -120,7 +120,8 @@ pub(crate) struct BenchArgs {
     /// Run a predefined matrix instead of a single case.
     #[arg(long, value_enum)]
     matrix: Option<Matrix>,
-    /// Also write the records (JSON Lines, one per case) here.
+    /// Also append the records (JSON Lines, one per case) to this file, so that several
+    /// runs can collect into one.
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -689,7 +690,13 @@ fn write_outputs(records: &[Record], dir: &Path, json: Option<&Path>) -> Result<
     }
     std::fs::write(dir.join("results.jsonl"), &lines)?;
     if let Some(path) = json {
-        std::fs::write(path, &lines).with_context(|| format!("writing {}", path.display()))?;
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(lines.as_bytes()))
+            .with_context(|| format!("appending to {}", path.display()))?;
     }
     std::fs::write(dir.join("results.md"), markdown_table(records))?;
     write_charts(records, dir)
