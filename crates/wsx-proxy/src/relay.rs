@@ -25,7 +25,8 @@ use wsx_tunnel::driver::Stream;
 
 /// Stream reset codes: why the far gateway gave up on a stream, or why this one did.
 pub mod code {
-    /// The stream's handle was dropped without an end ([`Stream::RESET_DROPPED`]).
+    /// The stream's handle was dropped without an end
+    /// ([`Stream::RESET_DROPPED`](wsx_tunnel::driver::Stream::RESET_DROPPED)).
     pub const DROPPED: u64 = wsx_tunnel::driver::Stream::RESET_DROPPED;
     /// The server refused the connection.
     pub const REFUSED: u64 = 1;
