@@ -54,8 +54,9 @@ pub struct GatewayConfig {
     /// The tunnel's UDP address.
     pub tunnel_listen: SocketAddr,
     pub transport: TransportConfig,
-    /// Transparent interception; `None` runs without TPROXY rules (the far side of a tunnel
-    /// only, or entry points added later).
+    /// Transparent interception; `None` intercepts nothing (the far side of a tunnel only, or
+    /// entry points added later). With `transparent_origin` the rule for the servers'
+    /// replies is installed all the same.
     pub intercept: Option<InterceptConfig>,
     /// Re-originate inbound sessions from the client's own address, so the server sees the
     /// real client (needs the server's replies to route through this gateway).
@@ -77,15 +78,23 @@ impl GatewayConfig {
         }
     }
 
-    /// The interception rules for this configuration.
+    /// The rules this configuration needs: interception, and the rule that brings the
+    /// servers' replies to our transparent sockets. Re-originating from clients' addresses
+    /// needs the latter even without interception (then with the default mark and table,
+    /// and empty prefix sets).
     fn rules(&self, table: &PrefixTable) -> Option<RulesConfig> {
-        self.intercept.as_ref().map(|i| RulesConfig {
-            port: i.port,
-            mark: i.mark,
-            route_table: i.route_table,
-            rule_priority: i.rule_priority,
-            interfaces: i.interfaces.clone(),
-            prefixes: table.prefixes(),
+        let (intercept, prefixes) = match &self.intercept {
+            Some(i) => (i.clone(), table.prefixes()),
+            None if self.transparent_origin => (InterceptConfig::default(), Vec::new()),
+            None => return None,
+        };
+        Some(RulesConfig {
+            port: intercept.port,
+            mark: intercept.mark,
+            route_table: intercept.route_table,
+            rule_priority: intercept.rule_priority,
+            interfaces: intercept.interfaces,
+            prefixes,
         })
     }
 }
@@ -273,9 +282,12 @@ impl Gateway {
         if config.tunnel_listen != old.tunnel_listen {
             return Err(GatewayError::NeedsRestart("the tunnel address"));
         }
-        if config.intercept.as_ref().map(|i| i.port) != old.intercept.as_ref().map(|i| i.port) {
+        let none = PrefixTable::default();
+        if config.intercept.as_ref().map(|i| i.port) != old.intercept.as_ref().map(|i| i.port)
+            || config.rules(&none).is_some() != old.rules(&none).is_some()
+        {
             return Err(GatewayError::NeedsRestart(
-                "interception on/off or its port",
+                "interception on/off, its port, or transparent origin without interception",
             ));
         }
         let limit_change = config.sessions.max_sessions as i64 - old.sessions.max_sessions as i64;

@@ -64,16 +64,17 @@ async fn reload(gateway: &Gateway, path: &Path) -> Result<Duration> {
 pub(crate) fn cleanup(path: &Path) -> Result<()> {
     let loaded = Loaded::read(path)?;
     let config = loaded.gateway()?;
-    if let Some(i) = config.intercept {
-        rules::remove(&RulesConfig {
-            port: i.port,
-            mark: i.mark,
-            route_table: i.route_table,
-            rule_priority: i.rule_priority,
-            interfaces: i.interfaces,
-            prefixes: Vec::new(),
-        });
-    }
+    // Without [intercept], transparent origin installs its rule with the default numbers;
+    // removing what is not there is harmless.
+    let i = config.intercept.unwrap_or_default();
+    rules::remove(&RulesConfig {
+        port: i.port,
+        mark: i.mark,
+        route_table: i.route_table,
+        rule_priority: i.rule_priority,
+        interfaces: i.interfaces,
+        prefixes: Vec::new(),
+    });
     Ok(())
 }
 
