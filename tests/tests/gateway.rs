@@ -37,14 +37,10 @@ fn lab() -> (Lab, PathBuf) {
     (lab, dir)
 }
 
-/// The /24 and /64 an address lives in.
-fn prefixes(v4: std::net::Ipv4Addr, v6: std::net::Ipv6Addr) -> String {
-    let o = v4.octets();
-    let s = v6.segments();
-    format!(
-        "[\"{}.{}.{}.0/24\", \"{:x}:{:x}:{:x}:{:x}::/64\"]",
-        o[0], o[1], o[2], s[0], s[1], s[2], s[3]
-    )
+/// Prefix strings as a TOML array.
+fn toml_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("\"{i}\"")).collect();
+    format!("[{}]", quoted.join(", "))
 }
 
 /// Configurations for both gateways, each pointing at the other.
@@ -55,6 +51,10 @@ struct Configs {
 
 fn configs() -> Configs {
     let (a, b) = (SecretKey::generate(), SecretKey::generate());
+    configs_with(&a, &b)
+}
+
+fn configs_with(a: &SecretKey, b: &SecretKey) -> Configs {
     let config =
         |secret: &SecretKey, peer: &SecretKey, name: &str, endpoint: IpAddr, remote: String| {
             format!(
@@ -82,18 +82,18 @@ prefixes = {remote}
         };
     Configs {
         gw_a: config(
-            &a,
-            &b,
+            a,
+            b,
             "gw-b",
             addr::GWB_WAN_V4.into(),
-            prefixes(addr::SERVER_V4, addr::SERVER_V6),
+            toml_list(&addr::server_lan()),
         ),
         gw_b: config(
-            &b,
-            &a,
+            b,
+            a,
             "gw-a",
             addr::GWA_WAN_V4.into(),
-            prefixes(addr::CLIENT_V4, addr::CLIENT_V6),
+            toml_list(&addr::client_lan()),
         ),
     }
 }
@@ -359,4 +359,204 @@ fn a_thousand_concurrent_sessions_complete() {
     );
     assert_eq!(gw_a.sessions("bypass"), 0);
     gw_a.wait_for_count("session closed", 1000, Duration::from_secs(30));
+}
+
+#[test]
+fn a_reload_changes_prefixes_and_keeps_live_sessions() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (a, b) = (SecretKey::generate(), SecretKey::generate());
+    let full = configs_with(&a, &b);
+    // First gw-a accelerates only the IPv4 prefix.
+    let ipv4_only = full
+        .gw_a
+        .replace(&format!(", \"{}\"", addr::server_lan()[1]), "");
+    assert_ne!(ipv4_only, full.gw_a);
+    let gw_a = Daemon::start(&lab, Node::GwA, &dir, &ipv4_only);
+    let gw_b = Daemon::start(&lab, Node::GwB, &dir, &full.gw_b);
+    wait_for_tunnel(&gw_a, &gw_b, 1);
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, true, 1, 500_000),
+        500_000
+    );
+    assert_eq!(gw_a.sessions("tunnel"), 0, "IPv6 was not intercepted");
+    // A session that lives through the reload.
+    let live = {
+        let listener = lab
+            .run_in(Node::Server, move || {
+                TcpListener::bind(SocketAddr::new(addr::server(false), 0))
+            })
+            .unwrap()
+            .unwrap();
+        let target = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            s.write_all(&digest(&got).to_be_bytes()).unwrap();
+        });
+        // On a thread of its own: the reload happens while it runs.
+        let netns = lab.netns(Node::Client);
+        let client = std::thread::spawn(move || {
+            wsx_lab::netns::run_in(&netns, move || {
+                let mut c = TcpStream::connect(target).unwrap();
+                let data = pseudo_random(200_000, 5);
+                c.write_all(&data[..100_000]).unwrap();
+                std::thread::sleep(Duration::from_secs(2));
+                c.write_all(&data[100_000..]).unwrap();
+                c.shutdown(Shutdown::Write).unwrap();
+                let mut reply = [0u8; 8];
+                c.read_exact(&mut reply).unwrap();
+                (u64::from_be_bytes(reply), digest(&data))
+            })
+            .unwrap()
+        });
+        (server, client)
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&gw_a.config, &full.gw_a).unwrap();
+    gw_a.signal(libc::SIGHUP);
+    gw_a.wait_for("configuration reloaded", Duration::from_secs(10));
+    let (server, client) = live;
+    let (got, sent) = client.join().unwrap();
+    server.join().unwrap();
+    assert_eq!(got, sent, "the session that spanned the reload is intact");
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, true, 1, 500_000),
+        500_000
+    );
+    assert_eq!(
+        gw_a.sessions("tunnel"),
+        2,
+        "the long session and the IPv6 one after the reload"
+    );
+    // A broken file is refused and the running configuration stays.
+    std::fs::write(&gw_a.config, "[tunnel]\nlisten = 5\n").unwrap();
+    gw_a.signal(libc::SIGHUP);
+    gw_a.wait_for("reload failed", Duration::from_secs(10));
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 1, 500_000),
+        500_000
+    );
+    assert_eq!(gw_a.sessions("tunnel"), 3);
+}
+
+#[test]
+fn a_secondary_peer_takes_over_from_a_dead_primary() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (a, primary, backup) = (
+        SecretKey::generate(),
+        SecretKey::generate(),
+        SecretKey::generate(),
+    );
+    let c = configs_with(&a, &primary);
+    // gw-a knows two peers on gw-b: the primary, and a backup instance on port 4600 that
+    // connects to servers from gw-b's own address (it needs no rules, so two instances can
+    // share the namespace).
+    let gw_a_config = c.gw_a.replace(
+        "name = \"gw-b\"",
+        "name = \"primary\"\nsecondary = \"backup\"",
+    ) + &format!(
+        "\n[[peer]]\nname = \"backup\"\npublic_key = \"{}\"\nendpoint = \"{}\"\n",
+        backup.public_key(),
+        SocketAddr::new(addr::GWB_WAN_V4.into(), 4600)
+    );
+    let backup_config = format!(
+        "[tunnel]\nlisten = \"[::]:4600\"\nprivate_key = \"{}\"\n\n[sessions]\ntransparent_origin = false\n\n\
+         [[peer]]\nname = \"gw-a\"\npublic_key = \"{}\"\n",
+        backup.to_base64(),
+        a.public_key()
+    );
+    let gw_a = Daemon::start(&lab, Node::GwA, &dir, &gw_a_config);
+    let mut gw_b = Daemon::start(&lab, Node::GwB, &dir, &c.gw_b);
+    let backup_dir = dir.join("backup");
+    std::fs::create_dir_all(&backup_dir).unwrap();
+    let gw_b_backup = Daemon::start(&lab, Node::GwB, &backup_dir, &backup_config);
+    gw_a.wait_for_count("tunnel in service", 2, Duration::from_secs(20));
+    gw_b_backup.wait_for("tunnel in service", Duration::from_secs(20));
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 1, 1_000_000),
+        1_000_000
+    );
+    assert_eq!(gw_a.count_all(&["peer=\"primary\"", "session opened"]), 1);
+    gw_b.crash();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 2, 1_000_000),
+        2_000_000
+    );
+    assert_eq!(
+        gw_a.count_all(&["peer=\"backup\"", "route=\"tunnel\"", "session opened"]),
+        2
+    );
+    assert_eq!(gw_a.sessions("bypass"), 0);
+    assert_eq!(gw_b_backup.sessions("inbound"), 2);
+}
+
+#[test]
+fn a_slow_server_does_not_grow_the_gateways_memory() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (gw_a, gw_b) = gateways(&lab, &dir);
+    let baseline = (gw_a.max_rss_kb(), gw_b.max_rss_kb());
+    let listener = lab
+        .run_in(Node::Server, move || {
+            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
+        })
+        .unwrap()
+        .unwrap();
+    let target = listener.local_addr().unwrap();
+    // The server reads 64 KiB every 50 ms (~10 Mbit/s) for 8 s while the client offers
+    // 200 MB as fast as it can.
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0u64;
+        let end = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < end {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => total += n as u64,
+                Err(e) => panic!("{e}"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        total
+    });
+    let client = lab.run_in(Node::Client, move || {
+        let mut c = TcpStream::connect(target).unwrap();
+        c.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        let chunk = pseudo_random(1 << 20, 3);
+        let mut sent = 0u64;
+        while sent < 200_000_000 {
+            match c.write(&chunk) {
+                Ok(n) => sent += n as u64,
+                Err(_) => break,
+            }
+        }
+        sent
+    });
+    let read = server.join().unwrap();
+    let sent = client.unwrap();
+    let (a, b) = (gw_a.max_rss_kb(), gw_b.max_rss_kb());
+    eprintln!(
+        "server read {read} B, client wrote {sent} B; peak RSS gw-a {a} KiB, gw-b {b} KiB (at start {baseline:?})"
+    );
+    assert!(
+        sent < 100_000_000,
+        "the client was held back: it wrote {sent} B"
+    );
+    // The bound: the tunnel's stream buffers (8 MiB at each end by default), the relay
+    // buffers and the socket buffers, over what each gateway used at the start.
+    assert!(
+        a < baseline.0 + 32 * 1024,
+        "gw-a grew from {} to {a} KiB",
+        baseline.0
+    );
+    assert!(
+        b < baseline.1 + 32 * 1024,
+        "gw-b grew from {} to {b} KiB",
+        baseline.1
+    );
 }

@@ -42,14 +42,14 @@ impl Pair {
                 &a,
                 &b,
                 SocketAddr::from((addr::GWB_WAN_V4, 4500)),
-                prefixes(addr::SERVER_V4, addr::SERVER_V6),
+                toml_list(&addr::server_lan()),
             ),
             (
                 Node::GwB,
                 &b,
                 &a,
                 SocketAddr::from((addr::GWA_WAN_V4, 4500)),
-                prefixes(addr::CLIENT_V4, addr::CLIENT_V6),
+                toml_list(&addr::client_lan()),
             ),
         ];
         let mut children = Vec::new();
@@ -133,14 +133,10 @@ fn config_text(own: &SecretKey, peer: &SecretKey, endpoint: SocketAddr, remote: 
     )
 }
 
-/// The /24 and /64 a node's addresses live in, as a TOML array.
-fn prefixes(v4: std::net::Ipv4Addr, v6: std::net::Ipv6Addr) -> String {
-    let o = v4.octets();
-    let s = v6.segments();
-    format!(
-        "[\"{}.{}.{}.0/24\", \"{:x}:{:x}:{:x}:{:x}::/64\"]",
-        o[0], o[1], o[2], s[0], s[1], s[2], s[3]
-    )
+/// Prefix strings as a TOML array.
+fn toml_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("\"{i}\"")).collect();
+    format!("[{}]", quoted.join(", "))
 }
 
 /// CPU seconds (user + system) and peak resident memory of a running process.

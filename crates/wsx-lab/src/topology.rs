@@ -110,6 +110,25 @@ pub mod addr {
             CLIENT_V4.into()
         }
     }
+
+    /// The client's LAN (behind gw-a): its IPv4 /24 and IPv6 /64, as prefix strings.
+    pub fn client_lan() -> [String; 2] {
+        lan(CLIENT_V4, CLIENT_V6)
+    }
+
+    /// The server's LAN (behind gw-b).
+    pub fn server_lan() -> [String; 2] {
+        lan(SERVER_V4, SERVER_V6)
+    }
+
+    fn lan(v4: Ipv4Addr, v6: Ipv6Addr) -> [String; 2] {
+        let [a, b, c, _] = v4.octets();
+        let s = v6.segments();
+        [
+            format!("{a}.{b}.{c}.0/24"),
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3]),
+        ]
+    }
 }
 
 /// Names of labs this process has running, for cleanup on a signal.
