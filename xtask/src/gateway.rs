@@ -1,6 +1,7 @@
 //! The wsx gateways of the `wsx` benchmark mode and the demo: a `wsx run` in gw-a and one
 //! in gw-b, configured for each other, with their CPU time and peak memory read at the end.
-//! The logs of the last run are kept as `wsx-bench-last-gw{a,b}.log` in the temp directory.
+//! The gateways' logs (with the tunnel's congestion events) are kept for every case as
+//! `wsx-bench-logs/<lab>-gw{a,b}.log` in the temp directory.
 
 use anyhow::{Context, Result, bail};
 use std::net::SocketAddr;
@@ -104,10 +105,19 @@ impl Pair {
         for child in &mut self.children {
             child.wait()?;
         }
-        // The case's directory goes with its lab; the logs of the last run stay.
+        // The case's directory goes with its lab; the logs stay.
+        let kept = std::env::temp_dir().join("wsx-bench-logs");
+        std::fs::create_dir_all(&kept)?;
+        let case = self
+            .work
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("case");
         for n in ["gwa", "gwb"] {
-            let kept = std::env::temp_dir().join(format!("wsx-bench-last-{n}.log"));
-            let _ = std::fs::copy(self.work.join(format!("{n}.log")), kept);
+            let _ = std::fs::copy(
+                self.work.join(format!("{n}.log")),
+                kept.join(format!("{case}-{n}.log")),
+            );
         }
         Ok(usage)
     }

@@ -441,3 +441,23 @@ fn the_responder_fills_the_path_too() {
     let u = utilization(&transfers, 30, 80, RATE);
     assert!(u >= 0.9, "utilization {u:.4}: {:#?}", pair.server().stats());
 }
+
+/// A loss burst can swallow every handshake attempt (here the Gilbert-Elliott channel stays
+/// in its bad state across the five sparse initiations): the attempt ends with
+/// `HandshakeTimedOut`, and a new one succeeds. Found by the property test above.
+#[test]
+fn a_handshake_lost_to_a_burst_is_retried() {
+    let mut link = LinkConfig::new(MS, 20);
+    link.burst = Some((0.018629740815542962, 0.3));
+    let mut pair = Pair::new(
+        crate::test_epoch(),
+        link.clone(),
+        link,
+        14164706343959729424,
+    );
+    pair.connect();
+    assert!(
+        pair.now - pair.epoch > Duration::from_secs(31),
+        "the first attempt gave up"
+    );
+}
