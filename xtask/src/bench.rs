@@ -689,13 +689,15 @@ fn write_outputs(records: &[Record], dir: &Path, json: Option<&Path>) -> Result<
         lines.push('\n');
     }
     std::fs::write(dir.join("results.jsonl"), &lines)?;
-    if let Some(path) = json {
+    // Called after every case with all records so far: the appended file gets the newest.
+    if let (Some(path), Some(newest)) = (json, records.last()) {
         use std::io::Write;
+        let line = serde_json::to_string(newest)? + "\n";
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .and_then(|mut f| f.write_all(lines.as_bytes()))
+            .and_then(|mut f| f.write_all(line.as_bytes()))
             .with_context(|| format!("appending to {}", path.display()))?;
     }
     std::fs::write(dir.join("results.md"), markdown_table(records))?;
