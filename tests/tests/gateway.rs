@@ -349,6 +349,37 @@ fn stopping_removes_the_rules_and_traffic_still_flows() {
 }
 
 #[test]
+fn cleanup_after_a_crash_removes_the_rules() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (mut gw_a, _gw_b) = gateways(&lab, &dir);
+    gw_a.crash();
+    let netns = lab.netns(Node::GwA);
+    let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
+    assert!(tables.contains("wsx"), "a crash leaves the rules: {tables}");
+    // What the systemd unit's ExecStopPost runs.
+    let status = lab
+        .command(Node::GwA, wsx_e2e::wsx_binary())
+        .arg("cleanup")
+        .arg("--config")
+        .arg(&gw_a.config)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
+    assert!(!tables.contains("wsx"), "{tables}");
+    for family in ["-4", "-6"] {
+        let rules = wsx_lab::netns::exec(&netns, "ip", &[family, "rule"]).unwrap();
+        assert!(!rules.contains("0x7773"), "{rules}");
+    }
+    // Plain forwarding again.
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 1, 1_000_000),
+        1_000_000
+    );
+}
+
+#[test]
 fn a_thousand_concurrent_sessions_complete() {
     let _serial = serial();
     let (lab, dir) = lab();
