@@ -140,15 +140,10 @@ impl Daemon {
         }
     }
 
-    /// The daemon's peak resident memory so far, KiB (`VmHWM`).
+    /// The daemon's peak resident memory so far, KiB.
     pub fn max_rss_kb(&self) -> u64 {
         let pid = self.child.as_ref().map(|c| c.id()).unwrap();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
+        wsx_lab::usage_of(pid).unwrap().max_rss_kb
     }
 
     /// Sends `signal` to the daemon.

@@ -164,6 +164,17 @@ fn transfer(lab: &Lab, from: Node, to: Node, ipv6: bool, flows: u16, bytes: u64)
     received.flows.iter().map(|f| f.bytes).sum()
 }
 
+/// Neither the table nor the policy-routing rules of a gateway are left in `node`.
+fn assert_no_rules(lab: &Lab, node: Node) {
+    let netns = lab.netns(node);
+    let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
+    assert!(!tables.contains("wsx"), "{node:?}: {tables}");
+    for family in ["-4", "-6"] {
+        let rules = wsx_lab::netns::exec(&netns, "ip", &[family, "rule"]).unwrap();
+        assert!(!rules.contains("0x7773"), "{node:?}: {rules}");
+    }
+}
+
 fn digest(data: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
     h.write(data);
@@ -332,13 +343,7 @@ fn stopping_removes_the_rules_and_traffic_still_flows() {
     assert!(gw_a.stop(), "gw-a stopped cleanly");
     assert!(gw_b.stop(), "gw-b stopped cleanly");
     for node in [Node::GwA, Node::GwB] {
-        let netns = lab.netns(node);
-        let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
-        assert!(!tables.contains("wsx"), "{node:?}: {tables}");
-        for family in ["-4", "-6"] {
-            let rules = wsx_lab::netns::exec(&netns, "ip", &[family, "rule"]).unwrap();
-            assert!(!rules.contains("0x7773"), "{node:?}: {rules}");
-        }
+        assert_no_rules(&lab, node);
     }
     for ipv6 in [false, true] {
         assert_eq!(
@@ -366,12 +371,7 @@ fn cleanup_after_a_crash_removes_the_rules() {
         .status()
         .unwrap();
     assert!(status.success());
-    let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
-    assert!(!tables.contains("wsx"), "{tables}");
-    for family in ["-4", "-6"] {
-        let rules = wsx_lab::netns::exec(&netns, "ip", &[family, "rule"]).unwrap();
-        assert!(!rules.contains("0x7773"), "{rules}");
-    }
+    assert_no_rules(&lab, Node::GwA);
     // Plain forwarding again.
     assert_eq!(
         transfer(&lab, Node::Client, Node::Server, false, 1, 1_000_000),

@@ -481,7 +481,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     let driver_cpu =
         |r: &Option<TunnelReport>| r.as_ref().map(|t| t.driver_user_s + t.driver_sys_s);
     let (gw_a, gw_b) = match &gateway_usage {
-        Some([a, b]) => (Some(a.cpu_s), Some(b.cpu_s)),
+        Some([a, b]) => (Some(a.user_s + a.sys_s), Some(b.user_s + b.sys_s)),
         None => (driver_cpu(&sent.tunnel), driver_cpu(&received.tunnel)),
     };
     let tunnel = match (&sent.tunnel, &received.tunnel) {

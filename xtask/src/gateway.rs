@@ -8,15 +8,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-use wsx_lab::{Lab, Node, addr};
+use wsx_lab::{Lab, Node, Usage, addr, usage_of};
 use wsx_tunnel::SecretKey;
-
-/// What a gateway process used.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Usage {
-    pub(crate) cpu_s: f64,
-    pub(crate) max_rss_kb: u64,
-}
 
 /// Both gateways, running.
 #[derive(Debug)]
@@ -97,7 +90,10 @@ impl Pair {
 
     /// Reads each gateway's usage, then stops them.
     pub(crate) fn stop(mut self) -> Result<[Usage; 2]> {
-        let usage = [usage(self.children[0].id())?, usage(self.children[1].id())?];
+        let usage = [
+            usage_of(self.children[0].id())?,
+            usage_of(self.children[1].id())?,
+        ];
         for child in &mut self.children {
             // SAFETY: kill with our child's pid and a valid signal.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -147,31 +143,4 @@ fn config_text(own: &SecretKey, peer: &SecretKey, endpoint: SocketAddr, remote: 
 fn toml_list(items: &[String]) -> String {
     let quoted: Vec<String> = items.iter().map(|i| format!("\"{i}\"")).collect();
     format!("[{}]", quoted.join(", "))
-}
-
-/// CPU seconds (user + system) and peak resident memory of a running process.
-fn usage(pid: u32) -> Result<Usage> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name (which is in parentheses and may contain spaces).
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
-    let ticks: u64 = fields
-        .get(11..13)
-        .context("short /proc stat")?
-        .iter()
-        .map(|f| f.parse::<u64>().unwrap_or(0))
-        .sum();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let max_rss_kb = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0);
-    Ok(Usage {
-        cpu_s: ticks as f64 / hz,
-        max_rss_kb,
-    })
 }

@@ -50,7 +50,7 @@ pub(crate) fn precise_timers() -> io::Result<()> {
     Ok(())
 }
 
-/// CPU time and peak memory of this process, all threads included.
+/// CPU time and peak memory of a process, all threads included.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {
     /// User CPU seconds.
@@ -64,6 +64,41 @@ pub struct Usage {
 /// Resource usage of the calling process.
 pub fn process_usage() -> Usage {
     usage(libc::RUSAGE_SELF)
+}
+
+/// Resource usage of another running process, from `/proc/<pid>/stat` (user and system
+/// clock ticks) and `/proc/<pid>/status` (`VmHWM`).
+pub fn usage_of(pid: u32) -> std::io::Result<Usage> {
+    let invalid = |what: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("/proc/{pid}: {what}"),
+        )
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which is in parentheses and may hold spaces:
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| invalid("stat"))
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let max_rss_kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| invalid("status has no VmHWM"))?;
+    Ok(Usage {
+        user_s: ticks(11)? as f64 / hz,
+        sys_s: ticks(12)? as f64 / hz,
+        max_rss_kb,
+    })
 }
 
 /// Resource usage of the calling thread (the peak RSS is still the process's).
@@ -417,4 +452,22 @@ pub fn set_tcp_congestion(fd: RawFd, algorithm: &str) -> io::Result<String> {
     })?;
     let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
     Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_usage_agrees_with_getrusage_for_this_process() {
+        let own = process_usage();
+        let seen = usage_of(std::process::id()).expect("our own /proc entry");
+        assert!(seen.max_rss_kb > 0 && seen.max_rss_kb <= own.max_rss_kb + 1024);
+        // /proc counts in clock ticks (10 ms): allow one tick per field.
+        let (a, b) = (own.user_s + own.sys_s, seen.user_s + seen.sys_s);
+        assert!(
+            b <= a + 0.02 && b + 0.1 >= a,
+            "getrusage {a} s, /proc {b} s"
+        );
+    }
 }

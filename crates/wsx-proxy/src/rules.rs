@@ -74,11 +74,7 @@ impl Rules {
     pub fn install(config: RulesConfig) -> Result<Self, RulesError> {
         remove(&config);
         let rules = Self { config };
-        nft(&rules.script(Mode::Intercept))?;
-        for family in ["-4", "-6"] {
-            ip(&rules.rule_args(family, "add"))?;
-            ip(&rules.route_args(family))?;
-        }
+        rules.reinstall()?;
         Ok(rules)
     }
 
