@@ -2,17 +2,21 @@
 //! The tests live in `tests/`; they need root and are run by `cargo xtask test`.
 //!
 //! This library holds what they share: [`Daemon`] runs the `wsx` binary in a lab node with a
-//! configuration and watches its log.
+//! configuration and watches its log; [`Machine`] boots systemd in a lab node, so that the
+//! deployment guide can be followed as written; [`transfer`] moves hashed bytes across.
 
 // Test support: a failed setup is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use wsx_lab::{Lab, Node};
+use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
+use wsx_lab::{Lab, Node, addr};
 
 /// The `wsx` binary `cargo xtask test` built beside the test executables.
 pub fn wsx_binary() -> PathBuf {
@@ -187,5 +191,217 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Sends `flows` × `bytes` from `from` to a sink in `to`, over IPv6 or IPv4; returns the
+/// verified byte count.
+pub fn transfer(lab: &Lab, from: Node, to: Node, ipv6: bool, flows: u16, bytes: u64) -> u64 {
+    let sink_ip = match to {
+        Node::Client => addr::client(ipv6),
+        _ => addr::server(ipv6),
+    };
+    let listener = lab
+        .run_in(to, move || TcpListener::bind(SocketAddr::new(sink_ip, 0)))
+        .unwrap()
+        .unwrap();
+    let target = listener.local_addr().unwrap();
+    let sink: JoinHandle<traffic::SinkReport> = std::thread::spawn(move || {
+        traffic::sink(
+            &listener,
+            SinkOptions {
+                flows,
+                idle_timeout: Duration::from_secs(30),
+            },
+        )
+        .unwrap()
+    });
+    let options = SendOptions {
+        to: target,
+        flows,
+        bytes: Some(bytes),
+        seconds: 0.0,
+        congestion: None,
+        payload: PayloadKind::Random,
+        seed: 7,
+        receipt_timeout: Duration::from_secs(60),
+    };
+    let sent = lab
+        .run_in(from, move || traffic::send(&options))
+        .unwrap()
+        .unwrap();
+    let received = sink.join().unwrap();
+    assert!(
+        sent.verified(),
+        "sender: {:?}",
+        sent.flows.iter().find(|f| !f.verified)
+    );
+    assert!(
+        received.verified(),
+        "sink: {:?}",
+        received.flows.iter().find(|f| !f.verified)
+    );
+    received.flows.iter().map(|f| f.bytes).sum()
+}
+
+/// Neither the table nor the policy-routing rules of a gateway are left in `node`.
+pub fn assert_no_rules(lab: &Lab, node: Node) {
+    let netns = lab.netns(node);
+    let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
+    assert!(!tables.contains("wsx"), "{node:?}: {tables}");
+    for family in ["-4", "-6"] {
+        let rules = wsx_lab::netns::exec(&netns, "ip", &[family, "rule"]).unwrap();
+        assert!(!rules.contains("0x7773"), "{node:?}: {rules}");
+    }
+}
+
+/// A lab node booted as a machine of its own: systemd runs as PID 1 of a new PID and mount
+/// namespace inside the node's network namespace, so units, `systemctl` and `journalctl`
+/// work there as on a gateway. `/etc`, `/usr/local` and `/var` are overlays on this host's
+/// (what is installed into the machine stays in it and goes with it); `/run` and `/tmp` are
+/// empty. Dropping it kills the machine; so does the end of the test process.
+#[derive(Debug)]
+pub struct Machine {
+    unshare: Child,
+    pid: u32,
+    node: Node,
+}
+
+/// Run by `unshare` as the new namespaces' first process; becomes systemd.
+const BOOT: &str = r#"set -e
+mount -t proc proc /proc
+mount -t tmpfs -o mode=0755 tmpfs /run
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+for dir in /etc /usr/local /var; do
+    state=/run/machine-overlay$dir
+    mkdir -p "$state/upper" "$state/work"
+    mount -t overlay overlay -o "lowerdir=$dir,upperdir=$state/upper,workdir=$state/work" "$dir"
+done
+exec env container=wsx-lab /lib/systemd/systemd --system --unit=basic.target
+"#;
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+impl Machine {
+    /// Boots systemd in `node` and waits until it has reached its target.
+    pub fn boot(lab: &Lab, node: Node) -> Self {
+        let mut unshare = lab
+            .command(node, "unshare")
+            .args(["--pid", "--fork", "--mount", "--propagation", "private"])
+            .args(["--kill-child=SIGKILL", "sh", "-c", BOOT])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // `ip netns exec` execs unshare in place, so the child's pid is unshare's; its one
+        // child is the namespace's PID 1.
+        let children = format!("/proc/{0}/task/{0}/children", unshare.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let pid = loop {
+            let found = std::fs::read_to_string(&children)
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok());
+            if let Some(pid) = found {
+                break pid;
+            }
+            if let Some(status) = unshare.try_wait().unwrap() {
+                panic!("{node:?}: the machine did not start: {status}");
+            }
+            assert!(Instant::now() < deadline, "{node:?}: no PID 1 in 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let machine = Self { unshare, pid, node };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = machine.sh("systemctl is-system-running 2>&1 || true");
+            let state = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            match state.trim() {
+                "running" => break,
+                "degraded" => panic!(
+                    "{node:?}: units failed at boot:\n{}",
+                    machine.sh_ok("systemctl --failed --no-pager")
+                ),
+                _ => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{node:?}: systemd not up in 60 s: {state}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        machine
+    }
+
+    /// Runs `script` with `sh -e` in the machine, as root, in `dir` (the workspace root if
+    /// `None`).
+    pub fn sh_in(&self, dir: Option<&Path>, script: &str, stdin: &[u8]) -> Output {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let mut child = Command::new("nsenter")
+            .arg("--target")
+            .arg(self.pid.to_string())
+            .arg("--all")
+            .arg(format!("--wdns={}", dir.unwrap_or(workspace).display()))
+            .args(["sh", "-ec", script])
+            .env("PATH", PATH)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// Runs `script` in the machine from the workspace root.
+    pub fn sh(&self, script: &str) -> Output {
+        self.sh_in(None, script, b"")
+    }
+
+    /// Runs `script`, panics with its output if it fails, and returns its standard output.
+    pub fn sh_ok(&self, script: &str) -> String {
+        self.sh_input(script, b"")
+    }
+
+    /// As [`Machine::sh_ok`], with `stdin` as the script's standard input.
+    pub fn sh_input(&self, script: &str, stdin: &[u8]) -> String {
+        let out = self.sh_in(None, script, stdin);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{:?}: `{script}` failed ({}):\n{stdout}\n{}",
+            self.node,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// Waits until the unit's log (`journalctl -u UNIT`) has `count` lines with `pattern`.
+    pub fn wait_for_journal(&self, unit: &str, pattern: &str, count: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let script = format!("journalctl --no-pager -o cat -u {unit}");
+        loop {
+            let log = self.sh_ok(&script);
+            if log.lines().filter(|l| l.contains(pattern)).count() >= count {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{:?}: no {count} line(s) with {pattern:?} in {unit}'s journal within {timeout:?}:\n{log}",
+                self.node
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        // SIGKILL to a PID namespace's first process ends every process in it.
+        // SAFETY: kill with a pid this machine started and a valid signal number.
+        unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
+        let _ = self.unshare.wait();
     }
 }

@@ -10,10 +10,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use wsx_e2e::Daemon;
-use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
+use wsx_e2e::{Daemon, assert_no_rules, transfer};
 use wsx_lab::{Lab, Node, WanSpec, addr};
 use wsx_tunnel::SecretKey;
 
@@ -111,67 +109,6 @@ fn gateways(lab: &Lab, dir: &std::path::Path) -> (Daemon, Daemon) {
 fn wait_for_tunnel(gw_a: &Daemon, gw_b: &Daemon, n: usize) {
     for gw in [gw_a, gw_b] {
         gw.wait_for_count("tunnel in service", n, Duration::from_secs(20));
-    }
-}
-
-/// Sends `flows` × `bytes` from `from` to a sink in `to`, over IPv6 or IPv4; returns the
-/// verified byte count.
-fn transfer(lab: &Lab, from: Node, to: Node, ipv6: bool, flows: u16, bytes: u64) -> u64 {
-    let sink_ip = match to {
-        Node::Client => addr::client(ipv6),
-        _ => addr::server(ipv6),
-    };
-    let listener = lab
-        .run_in(to, move || TcpListener::bind(SocketAddr::new(sink_ip, 0)))
-        .unwrap()
-        .unwrap();
-    let target = listener.local_addr().unwrap();
-    let sink: JoinHandle<traffic::SinkReport> = std::thread::spawn(move || {
-        traffic::sink(
-            &listener,
-            SinkOptions {
-                flows,
-                idle_timeout: Duration::from_secs(30),
-            },
-        )
-        .unwrap()
-    });
-    let options = SendOptions {
-        to: target,
-        flows,
-        bytes: Some(bytes),
-        seconds: 0.0,
-        congestion: None,
-        payload: PayloadKind::Random,
-        seed: 7,
-        receipt_timeout: Duration::from_secs(60),
-    };
-    let sent = lab
-        .run_in(from, move || traffic::send(&options))
-        .unwrap()
-        .unwrap();
-    let received = sink.join().unwrap();
-    assert!(
-        sent.verified(),
-        "sender: {:?}",
-        sent.flows.iter().find(|f| !f.verified)
-    );
-    assert!(
-        received.verified(),
-        "sink: {:?}",
-        received.flows.iter().find(|f| !f.verified)
-    );
-    received.flows.iter().map(|f| f.bytes).sum()
-}
-
-/// Neither the table nor the policy-routing rules of a gateway are left in `node`.
-fn assert_no_rules(lab: &Lab, node: Node) {
-    let netns = lab.netns(node);
-    let tables = wsx_lab::netns::exec(&netns, "nft", &["list", "tables"]).unwrap();
-    assert!(!tables.contains("wsx"), "{node:?}: {tables}");
-    for family in ["-4", "-6"] {
-        let rules = wsx_lab::netns::exec(&netns, "ip", &[family, "rule"]).unwrap();
-        assert!(!rules.contains("0x7773"), "{node:?}: {rules}");
     }
 }
 

@@ -15,11 +15,14 @@ pub(crate) struct TestArgs {
 }
 
 /// Programs the lab needs and the Debian packages that provide them.
-const REQUIRED: [(&str, &str); 4] = [
+const REQUIRED: [(&str, &str); 6] = [
     ("ip", "iproute2"),
     ("ethtool", "ethtool"),
     ("nft", "nftables"),
     ("sysctl", "procps"),
+    // The deployment test boots systemd in the gateways' namespaces.
+    ("systemctl", "systemd"),
+    ("nsenter", "util-linux"),
 ];
 
 pub(crate) fn run(args: &TestArgs) -> Result<()> {
