@@ -1,0 +1,103 @@
+//! Encode and decode throughput of the two Reed-Solomon crates at the tunnel's shard sizes
+//! (1,200-1,450 bytes) and group sizes (k = 16, 32, 64), and of this crate's codec.
+//! `cargo bench -p wsx-fec`; figures in BENCHMARKS.md.
+
+#![allow(clippy::unwrap_used)]
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use reed_solomon_erasure::galois_8::ReedSolomon;
+use std::hint::black_box;
+
+const SHARD: usize = 1382;
+
+fn shards(k: usize, len: usize) -> Vec<Vec<u8>> {
+    let mut x = 0x1234_5678_u32;
+    (0..k)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    x as u8
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn encode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("encode");
+    for (k, m) in [(16, 2), (32, 3), (64, 4), (64, 11)] {
+        let data = shards(k, SHARD);
+        group.throughput(Throughput::Bytes((k * SHARD) as u64));
+        let id = format!("k{k}_m{m}");
+        let rs = ReedSolomon::new(k, m).unwrap();
+        let mut parity = vec![vec![0u8; SHARD]; m];
+        group.bench_function(BenchmarkId::new("erasure_per_packet", &id), |b| {
+            b.iter(|| {
+                for (i, d) in data.iter().enumerate() {
+                    rs.encode_single_sep(i, d, &mut parity).unwrap();
+                }
+                black_box(&parity);
+            })
+        });
+        let mut encoder = reed_solomon_simd::ReedSolomonEncoder::new(k, m, SHARD).unwrap();
+        group.bench_function(BenchmarkId::new("simd_per_group", &id), |b| {
+            b.iter(|| {
+                encoder.reset(k, m, SHARD).unwrap();
+                for d in &data {
+                    encoder.add_original_shard(d).unwrap();
+                }
+                let result = encoder.encode().unwrap();
+                black_box(result.recovery_iter().count());
+            })
+        });
+    }
+    group.finish();
+}
+
+fn decode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decode");
+    for (k, m, lost) in [(32, 3, 1), (64, 4, 1), (64, 4, 4), (64, 11, 8)] {
+        let data = shards(k, SHARD);
+        let rs = ReedSolomon::new(k, m).unwrap();
+        let mut parity = vec![vec![0u8; SHARD]; m];
+        for (i, d) in data.iter().enumerate() {
+            rs.encode_single_sep(i, d, &mut parity).unwrap();
+        }
+        group.throughput(Throughput::Bytes((lost * SHARD) as u64));
+        let id = format!("k{k}_m{m}_lost{lost}");
+        group.bench_function(BenchmarkId::new("erasure", &id), |b| {
+            b.iter(|| {
+                let mut all: Vec<(Vec<u8>, bool)> = data
+                    .iter()
+                    .chain(&parity)
+                    .enumerate()
+                    .map(|(i, s)| (s.clone(), i >= lost))
+                    .collect();
+                rs.reconstruct_data(&mut all).unwrap();
+                black_box(&all);
+            })
+        });
+        let mut decoder = reed_solomon_simd::ReedSolomonDecoder::new(k, m, SHARD).unwrap();
+        group.bench_function(BenchmarkId::new("simd", &id), |b| {
+            b.iter(|| {
+                decoder.reset(k, m, SHARD).unwrap();
+                for (i, d) in data.iter().enumerate().skip(lost) {
+                    decoder.add_original_shard(i, d).unwrap();
+                }
+                for (i, p) in parity.iter().enumerate().take(lost) {
+                    decoder.add_recovery_shard(i, p).unwrap();
+                }
+                let _ = decoder
+                    .decode()
+                    .map(|r| black_box(r.restored_original_iter().count()));
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, encode, decode);
+criterion_main!(benches);

@@ -1,0 +1,319 @@
+//! The receiver's side: copies of protected packets, parity, and the rebuilding of what
+//! was lost.
+
+use crate::block::{Block, ParityInfo};
+use crate::encoder::write_shard;
+use crate::{LEN_PREFIX, MAX_BLOCK};
+use reed_solomon_simd::ReedSolomonDecoder;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Packets kept, by packet number modulo this. A block is given up once the newest packet is
+/// [`KEEP`] past its end, by which time none of its members has been overwritten.
+const SLOTS: usize = 4 * MAX_BLOCK;
+const KEEP: u64 = (SLOTS / 2) as u64;
+/// Blocks with parity tracked at once; the oldest go first.
+const MAX_BLOCKS: usize = SLOTS;
+
+/// Rebuilds lost packets from the packets received and the parity of their group.
+///
+/// Protected packets are handed over twice: [`Decoder::stage`] before they are decrypted (in
+/// place), [`Decoder::commit`] once they have authenticated, so that a forged packet never
+/// stands in for a real one. Rebuilt packets come out of [`Decoder::pop_recovered`] as they
+/// were sent, still sealed: the caller authenticates them like any other.
+#[derive(Debug)]
+pub struct Decoder {
+    shard_bytes: usize,
+    /// `SLOTS` shards, allocated when the first protected packet arrives.
+    shards: Vec<u8>,
+    /// Per slot: the packet number it holds, and whether that packet authenticated.
+    slot_pn: Vec<u64>,
+    slot_ok: Vec<bool>,
+    highest: Option<u64>,
+    blocks: BTreeMap<u64, BlockState>,
+    codec: Codec,
+    zero: Vec<u8>,
+    recovered: VecDeque<(u64, Vec<u8>)>,
+    spare: Vec<Vec<u8>>,
+    stats: DecoderStats,
+}
+
+#[derive(Debug)]
+struct BlockState {
+    block: Block,
+    /// `depth · m` parity shards, group by group.
+    parity: Vec<Option<Vec<u8>>>,
+    /// Groups with nothing left to do: complete, or rebuilt.
+    done: Vec<bool>,
+}
+
+/// Counters of a [`Decoder`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DecoderStats {
+    /// Parity shards accepted.
+    pub parity: u64,
+    /// Packets rebuilt.
+    pub recovered: u64,
+    /// Groups that lost more than their parity could rebuild (their losses were left to
+    /// retransmission).
+    pub unrecoverable: u64,
+}
+
+impl Decoder {
+    /// A decoder for shards of `shard_bytes` (the sender's).
+    pub fn new(shard_bytes: usize) -> Self {
+        Self {
+            shard_bytes,
+            shards: Vec::new(),
+            slot_pn: Vec::new(),
+            slot_ok: Vec::new(),
+            highest: None,
+            blocks: BTreeMap::new(),
+            codec: Codec(None),
+            zero: vec![0; shard_bytes],
+            recovered: VecDeque::new(),
+            spare: Vec::new(),
+            stats: DecoderStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> DecoderStats {
+        self.stats
+    }
+
+    /// Bytes held for packets and parity.
+    pub fn memory(&self) -> usize {
+        self.shards.len()
+            + self
+                .blocks
+                .values()
+                .map(|b| b.parity.iter().flatten().count() * self.shard_bytes)
+                .sum::<usize>()
+    }
+
+    /// Keeps a copy of protected packet `pn` before it is decrypted. Packets too long to be
+    /// protected are ignored.
+    pub fn stage(&mut self, pn: u64, packet: &[u8]) {
+        if packet.len() > self.shard_bytes - LEN_PREFIX {
+            return;
+        }
+        self.allocate();
+        let slot = slot(pn);
+        let at = slot * self.shard_bytes;
+        write_shard(&mut self.shards[at..at + self.shard_bytes], packet);
+        self.slot_pn[slot] = pn;
+        self.slot_ok[slot] = false;
+    }
+
+    fn allocate(&mut self) {
+        if self.shards.is_empty() {
+            self.shards = vec![0; SLOTS * self.shard_bytes];
+            self.slot_pn = vec![u64::MAX; SLOTS];
+            self.slot_ok = vec![false; SLOTS];
+        }
+    }
+
+    /// Packet `pn`, staged, authenticated: it counts toward its group, which may now be
+    /// rebuilt.
+    pub fn commit(&mut self, pn: u64) {
+        if self.shards.is_empty() {
+            return;
+        }
+        let slot = slot(pn);
+        if self.slot_pn[slot] != pn {
+            return;
+        }
+        self.slot_ok[slot] = true;
+        if self.highest.is_none_or(|h| pn > h) {
+            self.highest = Some(pn);
+            self.evict();
+        }
+        let owner = self
+            .blocks
+            .range(..=pn)
+            .next_back()
+            .and_then(|(&first, state)| Some((first, state.block.position(pn)?.0)));
+        if let Some((first, group)) = owner {
+            self.try_recover(first, group);
+        }
+    }
+
+    fn has(&self, pn: u64) -> bool {
+        let slot = slot(pn);
+        !self.shards.is_empty() && self.slot_pn[slot] == pn && self.slot_ok[slot]
+    }
+
+    /// Takes a parity shard. Descriptions that contradict an earlier one for the same block,
+    /// shards of the wrong size, and blocks too old or too far ahead are ignored.
+    pub fn on_parity(&mut self, info: ParityInfo, shard: &[u8]) {
+        if shard.len() != self.shard_bytes {
+            return;
+        }
+        self.allocate();
+        let block = info.block;
+        if let Some(highest) = self.highest {
+            if block.end() + KEEP <= highest || block.first > highest + KEEP {
+                return;
+            }
+        }
+        let state = self.blocks.entry(block.first).or_insert_with(|| {
+            let slots = usize::from(block.shape.depth) * usize::from(block.shape.m);
+            BlockState {
+                block,
+                parity: (0..slots).map(|_| None).collect(),
+                done: vec![false; usize::from(block.shape.depth)],
+            }
+        });
+        if state.block != block {
+            return;
+        }
+        let at = usize::from(info.group) * usize::from(block.shape.m) + usize::from(info.index);
+        if state.parity[at].is_some() {
+            return;
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(shard);
+        state.parity[at] = Some(buf);
+        self.stats.parity += 1;
+        if self.blocks.len() > MAX_BLOCKS {
+            self.evict_first();
+        }
+        self.try_recover(block.first, info.group);
+    }
+
+    /// Rebuilds the missing members of group `g` of block `first` if enough shards are in.
+    fn try_recover(&mut self, first: u64, g: u8) {
+        let Some(state) = self.blocks.get(&first) else {
+            return;
+        };
+        if state.done[usize::from(g)] {
+            return;
+        }
+        let block = state.block;
+        let (k, m) = (usize::from(block.shape.k), usize::from(block.shape.m));
+        let members = block.members(g);
+        let missing = (0..members)
+            .filter(|&i| !self.has(block.member(g, i)))
+            .count();
+        let parity = &state.parity[usize::from(g) * m..][..m];
+        let have_parity = parity.iter().flatten().count();
+        if missing == 0 || have_parity < missing {
+            if missing == 0 {
+                self.mark_done(first, g);
+            }
+            return;
+        }
+        let codec = match &mut self.codec.0 {
+            Some(codec) => codec.reset(k, m, self.shard_bytes).map(|()| codec),
+            None => ReedSolomonDecoder::new(k, m, self.shard_bytes)
+                .map(|codec| self.codec.0.insert(codec)),
+        };
+        let Ok(codec) = codec else {
+            return;
+        };
+        let mut added = Ok(());
+        for i in 0..k {
+            let shard = if i >= members {
+                &self.zero[..]
+            } else {
+                let pn = block.member(g, i);
+                if !(self.slot_pn[slot(pn)] == pn && self.slot_ok[slot(pn)]) {
+                    continue;
+                }
+                let at = slot(pn) * self.shard_bytes;
+                &self.shards[at..at + self.shard_bytes]
+            };
+            added = added.and(codec.add_original_shard(i, shard));
+        }
+        for (index, shard) in parity.iter().enumerate() {
+            if let Some(shard) = shard {
+                added = added.and(codec.add_recovery_shard(index, shard));
+            }
+        }
+        let Ok(()) = added else {
+            return;
+        };
+        let Ok(result) = codec.decode() else {
+            return;
+        };
+        for (i, shard) in result.restored_original_iter() {
+            if i >= members {
+                continue;
+            }
+            let len = usize::from(u16::from_be_bytes([shard[0], shard[1]]));
+            if len > self.shard_bytes - LEN_PREFIX {
+                // Parity that does not belong with these packets (forged or corrupt); what
+                // it rebuilds would fail authentication anyway.
+                continue;
+            }
+            let mut buf = self.spare.pop().unwrap_or_default();
+            buf.clear();
+            buf.extend_from_slice(&shard[LEN_PREFIX..LEN_PREFIX + len]);
+            self.recovered.push_back((block.member(g, i), buf));
+            self.stats.recovered += 1;
+        }
+        if let Some(state) = self.blocks.get_mut(&first) {
+            state.done[usize::from(g)] = true;
+        }
+    }
+
+    fn mark_done(&mut self, first: u64, g: u8) {
+        if let Some(state) = self.blocks.get_mut(&first) {
+            state.done[usize::from(g)] = true;
+        }
+    }
+
+    /// The next rebuilt packet: its number and length, the bytes at the start of `out`.
+    pub fn pop_recovered(&mut self, out: &mut [u8]) -> Option<(u64, usize)> {
+        let (pn, packet) = self.recovered.pop_front()?;
+        let len = packet.len().min(out.len());
+        out[..len].copy_from_slice(&packet[..len]);
+        self.spare.push(packet);
+        Some((pn, len))
+    }
+
+    fn evict(&mut self) {
+        let Some(highest) = self.highest else {
+            return;
+        };
+        while self
+            .blocks
+            .first_key_value()
+            .is_some_and(|(_, s)| s.block.end() + KEEP <= highest)
+        {
+            self.evict_first();
+        }
+    }
+
+    fn evict_first(&mut self) {
+        let Some((_, state)) = self.blocks.pop_first() else {
+            return;
+        };
+        for g in 0..state.block.shape.depth {
+            let members = state.block.members(g);
+            let incomplete = (0..members).any(|i| !self.has(state.block.member(g, i)));
+            if !state.done[usize::from(g)] && members > 0 && incomplete {
+                self.stats.unrecoverable += 1;
+            }
+        }
+        self.spare.extend(state.parity.into_iter().flatten());
+    }
+}
+
+fn slot(pn: u64) -> usize {
+    (pn % SLOTS as u64) as usize
+}
+
+/// The codec, made when first needed (it does not implement `Debug`).
+struct Codec(Option<ReedSolomonDecoder>);
+
+impl std::fmt::Debug for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "codec"
+        } else {
+            "no codec"
+        })
+    }
+}

@@ -1,0 +1,321 @@
+//! How much parity a path needs: a loss meter fed by the sender's acknowledgements, and a
+//! pure function from what it measured to the block shape.
+//!
+//! The model: losses come in bursts of mean length `b` starting at random, `p / b` per packet.
+//! Interleaving `depth` groups spreads a burst over them, so it costs one group
+//! `ceil(b / depth)` packets. A group of `k` packets and `m` parity spans `depth · (k + m)`
+//! packets on the wire; it fails when more bursts hit it than its parity can absorb:
+//! `P(Poisson(p / b · depth · (k + m)) > floor(m / ceil(b / depth)))`. The policy picks the
+//! least overhead `m / k` that keeps this below the target, preferring short blocks on ties
+//! (less delay before a repair), and sends no parity when `m = 0` meets the target.
+
+use crate::block::Shape;
+use crate::{MAX_BLOCK, MAX_K};
+
+/// What the sender has seen of the path's losses (before any repair).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossStats {
+    /// Lost packets per packet sent.
+    pub loss_rate: f64,
+    /// Mean length of a run of consecutive losses (1 for independent losses).
+    pub mean_burst: f64,
+}
+
+/// The operator's and the product's limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// The largest share of groups allowed to fail.
+    pub target: f64,
+    /// The most parity per data packet (`m / k`).
+    pub max_overhead: f64,
+    /// The largest interleaving depth.
+    pub max_depth: u8,
+    /// A loss rate assumed at least (0 in adaptive mode; FEC "on" protects a clean path as
+    /// if it lost this much).
+    pub min_loss: f64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            target: 1e-3,
+            max_overhead: 0.25,
+            max_depth: 8,
+            min_loss: 0.0,
+        }
+    }
+}
+
+const KS: [u8; 4] = [8, 16, 32, MAX_K];
+
+/// The block shape for the path, or `None`: no parity needed (or allowed).
+pub fn shape(stats: LossStats, policy: &Policy) -> Option<Shape> {
+    let p = stats.loss_rate.max(policy.min_loss);
+    if p.is_nan() || p <= 0.0 || policy.max_overhead <= 0.0 {
+        return None;
+    }
+    let b = stats.mean_burst.max(1.0);
+    // (overhead, block length, failure, shape) of the best candidate so far.
+    let mut best: Option<(f64, usize, f64, Shape)> = None;
+    for k in KS {
+        let cap = ((policy.max_overhead * f64::from(k)) as u8).min(k);
+        for depth in 1..=policy.max_depth.max(1) {
+            let len = usize::from(k) * usize::from(depth);
+            if len > MAX_BLOCK {
+                break;
+            }
+            let fits = (0..=cap).find(|&m| failure(k, m, depth, p, b) <= policy.target);
+            let (m, fail) = match fits {
+                Some(0) => return None,
+                Some(m) => (m, failure(k, m, depth, p, b)),
+                // Not reachable under the cap: the most parity allowed, judged by what
+                // it leaves unrepaired.
+                None if cap > 0 => (cap, failure(k, cap, depth, p, b)),
+                None => continue,
+            };
+            let overhead = f64::from(m) / f64::from(k);
+            let candidate = (overhead, len, fail, Shape { k, m, depth });
+            let better = match best {
+                None => true,
+                Some((o, l, f, _)) => {
+                    let meets = fail <= policy.target;
+                    let best_meets = f <= policy.target;
+                    match (meets, best_meets) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        (true, true) => overhead < o || (overhead == o && len < l),
+                        (false, false) => fail < f,
+                    }
+                }
+            };
+            if better {
+                best = Some(candidate);
+            }
+        }
+    }
+    best.map(|(.., s)| s)
+}
+
+/// Parity for a group closed with only `members` of its `k` packets (a flush): the least
+/// that meets the target for a group that size, at least one and at most the shape's `m`.
+pub fn parity_for(members: usize, shape: Shape, stats: LossStats, policy: &Policy) -> u8 {
+    let members = members.clamp(1, usize::from(shape.k)) as u8;
+    let p = stats.loss_rate.max(policy.min_loss);
+    let b = stats.mean_burst.max(1.0);
+    (1..=shape.m)
+        .find(|&m| failure(members, m, shape.depth, p, b) <= policy.target)
+        .unwrap_or(shape.m)
+}
+
+/// The probability that a group of `k` packets with `m` parity fails (see the module docs).
+pub fn failure(k: u8, m: u8, depth: u8, p: f64, b: f64) -> f64 {
+    let depth = f64::from(depth.max(1));
+    let per_burst = (b / depth).ceil().max(1.0);
+    let absorbable = (f64::from(m) / per_burst).floor() as u32;
+    let lambda = p / b * depth * f64::from(u16::from(k) + u16::from(m));
+    poisson_tail(lambda, absorbable)
+}
+
+/// `P(N > j)` for `N ~ Poisson(lambda)`.
+fn poisson_tail(lambda: f64, j: u32) -> f64 {
+    let mut term = (-lambda).exp();
+    let mut cdf = term;
+    for i in 1..=j {
+        term *= lambda / f64::from(i);
+        cdf += term;
+    }
+    (1.0 - cdf).max(0.0)
+}
+
+/// Packets per measurement window of [`LossMeter`].
+const WINDOW: u32 = 1000;
+
+/// Measures the loss rate and the burst length from packet outcomes, in (roughly) packet
+/// number order: a packet is lost if the receiver did not get it, whether or not parity
+/// rebuilt it.
+#[derive(Debug, Clone)]
+pub struct LossMeter {
+    packets: u32,
+    lost: u32,
+    rate: Option<f64>,
+    last_lost: Option<u64>,
+    run: u32,
+    burst: f64,
+}
+
+impl Default for LossMeter {
+    fn default() -> Self {
+        Self {
+            packets: 0,
+            lost: 0,
+            rate: None,
+            last_lost: None,
+            run: 0,
+            burst: 1.0,
+        }
+    }
+}
+
+impl LossMeter {
+    /// Counts packet `pn`'s fate.
+    pub fn on_packet(&mut self, pn: u64, lost: bool) {
+        self.packets += 1;
+        if lost {
+            self.lost += 1;
+            if self.last_lost.is_some_and(|l| pn == l + 1) {
+                self.run += 1;
+            } else {
+                if self.run > 0 {
+                    self.burst = 0.9 * self.burst + 0.1 * f64::from(self.run);
+                }
+                self.run = 1;
+            }
+            self.last_lost = Some(pn);
+        }
+        if self.packets >= WINDOW {
+            let window = f64::from(self.lost) / f64::from(self.packets);
+            self.rate = Some(match self.rate {
+                None => window,
+                Some(rate) => 0.7 * rate + 0.3 * window,
+            });
+            self.packets = 0;
+            self.lost = 0;
+        }
+    }
+
+    /// The estimate: the smoothed rate of past windows, or the current window's if it is
+    /// already worse (loss that starts is protected against quickly).
+    pub fn stats(&self) -> LossStats {
+        let current =
+            (self.packets >= WINDOW / 5).then(|| f64::from(self.lost) / f64::from(self.packets));
+        let rate = match (self.rate, current) {
+            (Some(r), Some(c)) => r.max(c),
+            (Some(r), None) => r,
+            (None, Some(c)) => c,
+            (None, None) => 0.0,
+        };
+        LossStats {
+            loss_rate: rate,
+            mean_burst: self.burst,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iid(p: f64) -> LossStats {
+        LossStats {
+            loss_rate: p,
+            mean_burst: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_clean_path_gets_no_parity() {
+        assert_eq!(shape(iid(0.0), &Policy::default()), None);
+        // One loss in a million: even a group of 64 fails less than once in a thousand.
+        assert_eq!(shape(iid(1e-6), &Policy::default()), None);
+    }
+
+    #[test]
+    fn one_percent_random_loss_costs_less_than_ten_percent() {
+        let s = shape(iid(0.01), &Policy::default()).unwrap();
+        assert_eq!(s.depth, 1, "{s:?}");
+        assert!(f64::from(s.m) / f64::from(s.k) <= 0.10, "{s:?}");
+        assert!(failure(s.k, s.m, s.depth, 0.01, 1.0) <= 1e-3);
+    }
+
+    #[test]
+    fn more_loss_needs_more_parity() {
+        let policy = Policy::default();
+        let mut last = 0.0;
+        for p in [0.001, 0.01, 0.03, 0.05, 0.1] {
+            let s = shape(iid(p), &policy).unwrap();
+            let overhead = f64::from(s.m) / f64::from(s.k);
+            assert!(overhead >= last, "{p}: {s:?}");
+            assert!(overhead <= policy.max_overhead, "{p}: {s:?}");
+            last = overhead;
+        }
+    }
+
+    #[test]
+    fn bursts_are_interleaved() {
+        let stats = LossStats {
+            loss_rate: 0.01,
+            mean_burst: 4.0,
+        };
+        let s = shape(stats, &Policy::default()).unwrap();
+        assert!(s.depth >= 4, "{s:?}");
+        assert!(failure(s.k, s.m, s.depth, 0.01, 4.0) <= 1e-3, "{s:?}");
+    }
+
+    #[test]
+    fn the_overhead_cap_holds_even_when_the_target_cannot_be_met() {
+        let policy = Policy {
+            max_overhead: 0.05,
+            ..Policy::default()
+        };
+        let s = shape(iid(0.2), &policy).unwrap();
+        assert!(f64::from(s.m) / f64::from(s.k) <= 0.05, "{s:?}");
+        let off = Policy {
+            max_overhead: 0.0,
+            ..Policy::default()
+        };
+        assert_eq!(shape(iid(0.2), &off), None);
+    }
+
+    #[test]
+    fn forced_protection_assumes_a_minimum_loss() {
+        let on = Policy {
+            min_loss: 0.01,
+            ..Policy::default()
+        };
+        assert!(shape(iid(0.0), &on).is_some());
+    }
+
+    #[test]
+    fn short_groups_get_less_parity() {
+        let policy = Policy::default();
+        let stats = iid(0.01);
+        let s = shape(stats, &policy).unwrap();
+        assert_eq!(parity_for(usize::from(s.k), s, stats, &policy), s.m);
+        let one = parity_for(1, s, stats, &policy);
+        assert!((1..s.m).contains(&one), "{one} of {s:?}");
+    }
+
+    #[test]
+    fn the_meter_finds_rate_and_bursts() {
+        let mut meter = LossMeter::default();
+        // 2 % loss in bursts of 3: packets 100k..
+        for pn in 0..100_000u64 {
+            meter.on_packet(pn, pn % 150 < 3);
+        }
+        let s = meter.stats();
+        assert!((s.loss_rate - 0.02).abs() < 0.002, "{s:?}");
+        assert!((s.mean_burst - 3.0).abs() < 0.1, "{s:?}");
+        // Then a clean path: the estimate decays until no parity is needed.
+        for pn in 100_000..200_000u64 {
+            meter.on_packet(pn, false);
+        }
+        assert_eq!(
+            shape(meter.stats(), &Policy::default()),
+            None,
+            "{:?}",
+            meter.stats()
+        );
+    }
+
+    #[test]
+    fn the_meter_reacts_within_a_window() {
+        let mut meter = LossMeter::default();
+        for pn in 0..10_000u64 {
+            meter.on_packet(pn, false);
+        }
+        for pn in 10_000..10_300u64 {
+            meter.on_packet(pn, pn % 20 == 0);
+        }
+        assert!(meter.stats().loss_rate >= 0.04, "{:?}", meter.stats());
+    }
+}
