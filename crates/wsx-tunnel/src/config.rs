@@ -39,6 +39,23 @@ pub struct TransportConfig {
     pub max_burst_packets: usize,
     /// Handshake attempts before giving up; attempt `n` waits `2^n` seconds for an answer.
     pub handshake_attempts: u32,
+    /// Forward error correction of what this side sends.
+    pub fec: FecMode,
+    /// The most parity per data packet FEC may add (0.25: a quarter more packets).
+    pub fec_max_overhead: f64,
+}
+
+/// When the sender adds Reed-Solomon parity to its packets (PROTOCOL.md §5.1). The receiver
+/// rebuilds what it can whatever its own setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FecMode {
+    /// Never.
+    Off,
+    /// Always, sized for at least 1 % loss, even on a path that loses nothing.
+    On,
+    /// As much as the measured loss rate and burst length need: none on a clean path.
+    #[default]
+    Adaptive,
 }
 
 impl Default for TransportConfig {
@@ -58,6 +75,8 @@ impl Default for TransportConfig {
             max_rate: None,
             max_burst_packets: 32,
             handshake_attempts: 5,
+            fec: FecMode::default(),
+            fec_max_overhead: 0.25,
         }
     }
 }

@@ -196,6 +196,7 @@ impl Endpoint {
             Header::Initiation { sender } => return self.accept(now, from, sender, datagram),
             Header::Response { receiver, .. } => receiver,
             Header::Data(h) => h.receiver,
+            Header::Parity { receiver } => receiver,
         };
         match self.by_id.get(&receiver) {
             Some(&handle) => Some(DatagramEvent::Route(handle)),

@@ -19,6 +19,8 @@ pub(crate) const MAX_STREAMS: u64 = 0x06;
 pub(crate) const CONTROL: u64 = 0x07;
 pub(crate) const OPEN: u64 = 0x08;
 pub(crate) const RESET: u64 = 0x09;
+/// Packets the receiver rebuilt from parity: laid out as ACK, with a zero delay.
+pub(crate) const RECOVERED: u64 = 0x0a;
 /// STREAM frames use types 0x10-0x13: bit 0 is FIN, bit 1 says an explicit length follows.
 pub(crate) const STREAM: u64 = 0x10;
 const STREAM_FIN: u64 = 0x01;
@@ -40,6 +42,8 @@ pub(crate) enum Frame<'a> {
     Padding,
     Ping,
     Ack(Ack),
+    /// Packets rebuilt from parity (FEC): received, but lost on the path.
+    Recovered(Ack),
     Close {
         code: u64,
         reason: &'a [u8],
@@ -132,6 +136,7 @@ impl<'a> Frames<'a> {
             PADDING => Frame::Padding,
             PING => Frame::Ping,
             ACK => Frame::Ack(parse_ack(r)?),
+            RECOVERED => Frame::Recovered(parse_ack(r)?),
             CLOSE => {
                 let code = r.varint()?;
                 let len = r.varint()? as usize;
@@ -313,6 +318,23 @@ pub(crate) fn emit_ack(
     ranges: impl DoubleEndedIterator<Item = std::ops::Range<u64>>,
     delay_us: u64,
 ) -> bool {
+    emit_ranges(w, ACK, ranges, delay_us)
+}
+
+/// Writes a RECOVERED frame for `ranges` as [`emit_ack`] writes an ACK.
+pub(crate) fn emit_recovered(
+    w: &mut Writer<'_>,
+    ranges: impl DoubleEndedIterator<Item = std::ops::Range<u64>>,
+) -> bool {
+    emit_ranges(w, RECOVERED, ranges, 0)
+}
+
+fn emit_ranges(
+    w: &mut Writer<'_>,
+    ty: u64,
+    ranges: impl DoubleEndedIterator<Item = std::ops::Range<u64>>,
+    delay_us: u64,
+) -> bool {
     // Encode into a scratch buffer first: the range count precedes the ranges and depends on
     // how many fit.
     let mut scratch = [0u8; 2 * 8 * MAX_ACK_RANGES];
@@ -323,7 +345,7 @@ pub(crate) fn emit_ack(
     };
     let largest = top.end - 1;
     let head_len = |count: usize| {
-        varint_len(ACK) + varint_len(largest) + varint_len(delay_us) + varint_len(count as u64)
+        varint_len(ty) + varint_len(largest) + varint_len(delay_us) + varint_len(count as u64)
     };
     body.varint(top.end - 1 - top.start);
     if head_len(1) + body.len() > w.remaining() {
@@ -344,7 +366,7 @@ pub(crate) fn emit_ack(
         low = range.start;
     }
     let body_len = body.len();
-    w.varint(ACK);
+    w.varint(ty);
     w.varint(largest);
     w.varint(delay_us);
     w.varint(count as u64);

@@ -55,13 +55,13 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use config::{EndpointConfig, TransportConfig};
+pub use config::{EndpointConfig, FecMode, TransportConfig};
 pub use congestion::{
     Adaptive, AdaptiveConfig, CongestionControl, Controller, NewReno, NewRenoConfig, PathHint,
 };
 pub use connection::{
     CLOSE_PROTOCOL_VIOLATION, Connection, ConnectionError, ConnectionStats, ControlError, Event,
-    MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES, Transmit,
+    FecStats, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES, Transmit,
 };
 pub use crypto::{
     KEY_LEN, KEY_UPDATE_INTERVAL, KEY_UPDATE_PACKETS, KeyError, PublicKey, SecretKey,

@@ -1,6 +1,6 @@
 //! Packet headers (PROTOCOL.md §2): what is readable before decryption.
 //!
-//! Three packet types share the first byte. Handshake packets carry the Noise messages; data
+//! Four packet types share the first byte. Handshake packets carry the Noise messages; data
 //! packets carry the receiver's connection id, in the clear, so that one socket can serve many
 //! peers and a peer may change address, and the packet number, which is the AEAD nonce.
 
@@ -17,9 +17,15 @@ const TYPE_RESPONSE: u8 = 0x02;
 /// Type of a data packet; the top bit of the byte is the key phase.
 const TYPE_DATA: u8 = 0x03;
 const KEY_PHASE_BIT: u8 = 0x80;
+/// In a data packet's type byte: the packet belongs to an FEC block.
+const PROTECTED_BIT: u8 = 0x40;
+/// Type byte of a parity packet (FEC).
+const TYPE_PARITY: u8 = 0x04;
 
 /// Bytes in a data packet's header: type, receiver id, packet number.
 pub(crate) const DATA_HEADER_LEN: usize = 1 + 4 + 8;
+/// Bytes of a parity packet before the parity description: type, receiver id.
+pub(crate) const PARITY_HEADER_LEN: usize = 1 + 4;
 /// Bytes of an initiation before the Noise message: type, version, sender id.
 pub(crate) const INITIATION_HEADER_LEN: usize = 1 + 1 + 4;
 /// Bytes of a response before the Noise message: type, version, sender id, receiver id.
@@ -28,15 +34,26 @@ pub(crate) const RESPONSE_HEADER_LEN: usize = 1 + 1 + 4 + 4;
 /// A datagram's header, parsed; the rest of the datagram follows at `header_len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Header {
-    Initiation { sender: u32 },
-    Response { sender: u32, receiver: u32 },
+    Initiation {
+        sender: u32,
+    },
+    Response {
+        sender: u32,
+        receiver: u32,
+    },
     Data(DataHeader),
+    /// A parity shard; the description and the shard follow.
+    Parity {
+        receiver: u32,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DataHeader {
     pub(crate) receiver: u32,
     pub(crate) key_phase: bool,
+    /// The packet belongs to an FEC block: the receiver keeps a copy.
+    pub(crate) protected: bool,
     pub(crate) number: u64,
 }
 
@@ -61,15 +78,17 @@ impl Header {
     pub(crate) fn parse(datagram: &[u8]) -> Result<Self, HeaderError> {
         let mut r = Reader::new(datagram);
         let first = r.u8()?;
-        match first & !KEY_PHASE_BIT {
+        match first & !KEY_PHASE_BIT & !PROTECTED_BIT {
             TYPE_DATA => Ok(Self::Data(DataHeader {
                 receiver: r.u32()?,
                 key_phase: first & KEY_PHASE_BIT != 0,
+                protected: first & PROTECTED_BIT != 0,
                 number: r.u64()?,
             })),
-            TYPE_INITIATION | TYPE_RESPONSE if first & KEY_PHASE_BIT != 0 => {
+            _ if first & (KEY_PHASE_BIT | PROTECTED_BIT) != 0 => {
                 Err(HeaderError::UnknownType(first))
             }
+            TYPE_PARITY => Ok(Self::Parity { receiver: r.u32()? }),
             TYPE_INITIATION => {
                 check_version(r.u8()?)?;
                 Ok(Self::Initiation { sender: r.u32()? })
@@ -91,6 +110,7 @@ impl Header {
             Self::Initiation { .. } => INITIATION_HEADER_LEN,
             Self::Response { .. } => RESPONSE_HEADER_LEN,
             Self::Data(_) => DATA_HEADER_LEN,
+            Self::Parity { .. } => PARITY_HEADER_LEN,
         }
     }
 
@@ -110,11 +130,18 @@ impl Header {
             Self::Data(DataHeader {
                 receiver,
                 key_phase,
+                protected,
                 number,
             }) => {
-                w.u8(TYPE_DATA | if key_phase { KEY_PHASE_BIT } else { 0 });
+                let phase = if key_phase { KEY_PHASE_BIT } else { 0 };
+                let protected = if protected { PROTECTED_BIT } else { 0 };
+                w.u8(TYPE_DATA | phase | protected);
                 w.u32(receiver);
                 w.u64(number);
+            }
+            Self::Parity { receiver } => {
+                w.u8(TYPE_PARITY);
+                w.u32(receiver);
             }
         }
     }
@@ -152,12 +179,16 @@ mod tests {
             receiver: u32::MAX,
         });
         for key_phase in [false, true] {
-            round_trip(Header::Data(DataHeader {
-                receiver: 0xdead_beef,
-                key_phase,
-                number: u64::MAX - 1,
-            }));
+            for protected in [false, true] {
+                round_trip(Header::Data(DataHeader {
+                    receiver: 0xdead_beef,
+                    key_phase,
+                    protected,
+                    number: u64::MAX - 1,
+                }));
+            }
         }
+        round_trip(Header::Parity { receiver: 9 });
     }
 
     #[test]
@@ -166,7 +197,11 @@ mod tests {
             Header::parse(&[TYPE_INITIATION, 2, 0, 0, 0, 0]),
             Err(HeaderError::Version(2))
         );
-        assert_eq!(Header::parse(&[0x04]), Err(HeaderError::UnknownType(4)));
+        assert_eq!(Header::parse(&[0x05]), Err(HeaderError::UnknownType(5)));
+        assert_eq!(
+            Header::parse(&[TYPE_PARITY | PROTECTED_BIT]),
+            Err(HeaderError::UnknownType(0x44))
+        );
         assert_eq!(
             Header::parse(&[TYPE_RESPONSE | KEY_PHASE_BIT]),
             Err(HeaderError::UnknownType(0x82))

@@ -19,7 +19,11 @@
 //! [`TransportConfig::ack_every`] ack-eliciting packets or after [`TransportConfig::max_ack_delay`],
 //! and early — at most once per `NAK_INTERVAL` — when a gap appears. Each ACK frame carries up
 //! to 32 ranges, so a lost ACK costs nothing: the next one repeats it.
+//!
+//! Forward error correction (`fec.rs`, PROTOCOL.md §5.1) adds Reed-Solomon parity to blocks of
+//! packets when the path loses them; the receiver rebuilds what it can without a round trip.
 
+mod fec;
 pub(crate) mod params;
 
 use crate::coding::{Reader, Writer};
@@ -31,7 +35,9 @@ use crate::congestion::{
 use crate::crypto::{self, Keys, PublicKey, SecretKey, TAG_LEN};
 use crate::frame::{self, Frame, Frames};
 use crate::pacing::Pacer;
-use crate::packet::{DATA_HEADER_LEN, DataHeader, Header, INITIATION_HEADER_LEN};
+use crate::packet::{
+    DATA_HEADER_LEN, DataHeader, Header, INITIATION_HEADER_LEN, PARITY_HEADER_LEN,
+};
 use crate::range_set::RangeSet;
 use crate::replay::ReplayWindow;
 use crate::rtt::{GRANULARITY, INITIAL_RTT, RttEstimator};
@@ -39,6 +45,8 @@ use crate::streams::{
     PeerLimits, Schedule, StreamError, StreamEvent, StreamFrameSent, StreamId, StreamLimits,
     StreamMeta, Streams,
 };
+pub use fec::FecStats;
+use fec::{Fec, Repair};
 use params::TransportParams;
 pub(crate) use params::{MAX_LEN as PARAMS_MAX_LEN, ParamsError};
 use std::collections::{BTreeMap, VecDeque};
@@ -148,6 +156,7 @@ pub struct ConnectionStats {
     pub smoothed_rtt: Duration,
     pub min_rtt: Duration,
     pub congestion: Option<ControllerState>,
+    pub fec: FecStats,
 }
 
 #[derive(Debug)]
@@ -195,6 +204,10 @@ impl std::fmt::Debug for Initiation {
 struct SentPacket {
     time: Instant,
     size: u16,
+    /// Parity sent for the packet's block, accounted with its last packet.
+    parity_bytes: u32,
+    /// The peer rebuilt it from parity: acknowledged, but lost on the path.
+    recovered: bool,
     eliciting: bool,
     snapshot: PacketSnapshot,
     frames: Vec<SentFrame>,
@@ -260,7 +273,13 @@ pub struct Connection {
     close_resend: bool,
     stats: ConnectionStats,
     lost_scratch: Vec<LostPacket>,
+    /// Acknowledged packets the peer rebuilt from parity: losses for the controller.
+    recovered_scratch: Vec<LostPacket>,
     spare_frame_lists: Vec<Vec<SentFrame>>,
+    /// Forward error correction, once the datagram size is agreed.
+    fec: Option<Box<Fec>>,
+    /// Where a rebuilt packet is processed.
+    recovered_buf: Vec<u8>,
 }
 
 impl Connection {
@@ -328,7 +347,10 @@ impl Connection {
             close_resend: false,
             stats: ConnectionStats::default(),
             lost_scratch: Vec::new(),
+            recovered_scratch: Vec::new(),
             spare_frame_lists: Vec::new(),
+            fec: None,
+            recovered_buf: Vec::new(),
         }
     }
 
@@ -391,6 +413,7 @@ impl Connection {
             stream_window: params.stream_window,
             connection_window: params.connection_window,
         });
+        self.fec = Some(Box::new(Fec::new(&self.config, self.max_datagram())));
     }
 
     /// The handshake's own parameters payload.
@@ -473,6 +496,7 @@ impl Connection {
             smoothed_rtt: self.rtt.smoothed(),
             min_rtt: self.rtt.min(),
             congestion: self.controller.as_ref().map(|c| c.state()),
+            fec: self.fec.as_ref().map(|f| f.stats()).unwrap_or_default(),
             ..self.stats
         }
     }
@@ -651,6 +675,7 @@ impl Connection {
                 consider(self.pacer.next());
             }
             consider(self.streams.next_unthrottle());
+            consider(self.fec.as_ref().and_then(|f| f.deadline()));
         }
         Some(next)
     }
@@ -691,6 +716,9 @@ impl Connection {
         }
         if self.is_established() && now >= self.last_sent + self.config.keepalive {
             self.ping_pending = true;
+        }
+        if let Some(fec) = &mut self.fec {
+            fec.on_timeout(now);
         }
     }
 
@@ -736,8 +764,47 @@ impl Connection {
         match header {
             Header::Initiation { .. } => {}
             Header::Response { .. } => self.handle_response(now, datagram),
-            Header::Data(h) => self.handle_data(now, from, h, datagram),
+            Header::Data(h) => {
+                self.handle_data(now, from, h, datagram);
+                if h.protected {
+                    self.handle_recovered(now);
+                }
+            }
+            Header::Parity { .. } => {
+                if !self.is_established() {
+                    return;
+                }
+                if let Some(fec) = &mut self.fec {
+                    fec.on_parity(&datagram[PARITY_HEADER_LEN..]);
+                    self.handle_recovered(now);
+                }
+            }
         }
+    }
+
+    /// Processes the packets FEC rebuilt as if they had arrived, and reports those that
+    /// authenticate.
+    fn handle_recovered(&mut self, now: Instant) {
+        let mut buf = std::mem::take(&mut self.recovered_buf);
+        buf.resize(self.max_datagram(), 0);
+        while let Some((pn, len)) = self.fec.as_mut().and_then(|f| f.pop_recovered(&mut buf)) {
+            let Ok(Header::Data(h)) = Header::parse(&buf[..len]) else {
+                continue;
+            };
+            if h.number != pn || h.receiver != self.local_id {
+                continue;
+            }
+            let remote = self.remote;
+            if self.handle_data(now, remote, h, &mut buf[..len]) {
+                if let Some(fec) = &mut self.fec {
+                    fec.on_recovered(pn, ACK_RANGES_KEPT);
+                }
+                // Acknowledge at once: the sender holds the packet's loss verdict for about
+                // one RTT after the parity, no longer.
+                self.ack_deadline = Some(now);
+            }
+        }
+        self.recovered_buf = buf;
     }
 
     fn handle_response(&mut self, now: Instant, datagram: &mut [u8]) {
@@ -788,27 +855,45 @@ impl Connection {
         self.become_established(now);
     }
 
-    fn handle_data(&mut self, now: Instant, from: SocketAddr, h: DataHeader, datagram: &mut [u8]) {
+    /// Processes a data packet; returns whether it authenticated.
+    fn handle_data(
+        &mut self,
+        now: Instant,
+        from: SocketAddr,
+        h: DataHeader,
+        datagram: &mut [u8],
+    ) -> bool {
         if matches!(self.state, State::Drained | State::Handshake(_)) {
-            return;
+            return false;
         }
         let Some(keys) = &mut self.keys else {
-            return;
+            return false;
         };
         if datagram.len() < DATA_HEADER_LEN + TAG_LEN {
-            return;
+            return false;
         }
         if !self.replay.check(h.number) {
             self.stats.replays += 1;
-            return;
+            return false;
+        }
+        if h.protected {
+            // Decryption works in place: keep the sealed packet for the block's repair.
+            if let Some(fec) = &mut self.fec {
+                fec.stage(h.number, datagram);
+            }
         }
         let (header, rest) = datagram.split_at_mut(DATA_HEADER_LEN);
         let (payload, tag) = rest.split_at_mut(rest.len() - TAG_LEN);
         if !keys.open(now, h.key_phase, h.number, header, payload, tag) {
             self.stats.auth_failures += 1;
-            return;
+            return false;
         }
         self.replay.accept(h.number);
+        if h.protected {
+            if let Some(fec) = &mut self.fec {
+                fec.commit(h.number);
+            }
+        }
         self.stats.packets_received += 1;
         self.stats.bytes_received += datagram.len() as u64;
         self.last_heard = now;
@@ -829,7 +914,7 @@ impl Connection {
         if let State::Closing { .. } = self.state {
             // Answer whatever the peer still sends with the CLOSE again.
             self.close_resend = true;
-            return;
+            return true;
         }
         let payload = &datagram[DATA_HEADER_LEN..datagram.len() - TAG_LEN];
         let mut eliciting = false;
@@ -838,25 +923,30 @@ impl Connection {
                 Ok(f) => f,
                 Err(e) => {
                     self.protocol_violation(now, e.to_string());
-                    return;
+                    return true;
                 }
             };
-            eliciting |= !matches!(frame, Frame::Ack(_) | Frame::Padding | Frame::Close { .. });
+            eliciting |= !matches!(
+                frame,
+                Frame::Ack(_) | Frame::Recovered(_) | Frame::Padding | Frame::Close { .. }
+            );
             if let Err(reason) = self.handle_frame(now, frame) {
                 self.protocol_violation(now, reason);
-                return;
+                return true;
             }
             if matches!(self.state, State::Draining { .. }) {
-                return;
+                return true;
             }
         }
         self.on_packet_received(now, h.number, eliciting);
+        true
     }
 
     fn handle_frame(&mut self, now: Instant, frame: Frame<'_>) -> Result<(), String> {
         match frame {
             Frame::Padding | Frame::Ping => {}
             Frame::Ack(ack) => self.on_ack_frame(now, &ack)?,
+            Frame::Recovered(ranges) => self.on_recovered_frame(&ranges)?,
             Frame::Close { code, reason } => {
                 self.state = State::Draining {
                     until: now + self.rtt.pto_base() * 3,
@@ -951,6 +1041,24 @@ impl Connection {
 
     // ---- Acknowledgements and loss ------------------------------------------------------------
 
+    /// The peer rebuilt these packets from parity: mark them, so that their acknowledgement
+    /// (in the ACK frame that follows) counts them as losses too.
+    fn on_recovered_frame(&mut self, ranges: &frame::Ack) -> Result<(), String> {
+        if ranges.largest() >= self.next_pn {
+            return Err(format!("RECOVERED of unsent packet {}", ranges.largest()));
+        }
+        for range in ranges.ranges() {
+            let lo = (*range.start()).max(self.sent_base);
+            for pn in lo..=*range.end() {
+                let index = (pn - self.sent_base) as usize;
+                if let Some(Some(packet)) = self.sent.get_mut(index) {
+                    packet.recovered = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn on_ack_frame(&mut self, now: Instant, ack: &frame::Ack) -> Result<(), String> {
         let largest = ack.largest();
         if largest >= self.next_pn {
@@ -978,16 +1086,25 @@ impl Connection {
                     }
                 }
                 acked_packets += 1;
-                acked_bytes += u64::from(packet.size);
+                let bytes = u64::from(packet.size) + u64::from(packet.parity_bytes);
+                acked_bytes += bytes;
+                self.in_flight -= u64::from(packet.parity_bytes);
                 if packet.eliciting {
                     self.in_flight -= u64::from(packet.size);
                     self.eliciting_in_flight -= 1;
-                    self.delivery.on_acked(
-                        now,
-                        u64::from(packet.size),
-                        packet.time,
-                        &packet.snapshot,
-                    );
+                    self.delivery
+                        .on_acked(now, bytes, packet.time, &packet.snapshot);
+                }
+                if let Some(fec) = &mut self.fec {
+                    fec.on_outcome(pn, packet.recovered);
+                    if packet.recovered {
+                        fec.on_peer_recovered();
+                        self.recovered_scratch.push(LostPacket {
+                            number: pn,
+                            bytes: u64::from(packet.size),
+                            sent: packet.time,
+                        });
+                    }
                 }
                 for frame in &packet.frames {
                     match *frame {
@@ -1013,6 +1130,12 @@ impl Connection {
         }
         self.pto_count = 0;
         self.detect_lost(now);
+        if !self.recovered_scratch.is_empty() {
+            // Rebuilt packets were lost on the path all the same: the controller judges
+            // them with the others.
+            self.lost_scratch.append(&mut self.recovered_scratch);
+            self.lost_scratch.sort_unstable_by_key(|p| p.number);
+        }
         // The controller hears of the acknowledged packets before the losses they revealed,
         // so that it judges the losses against everything this ACK delivered.
         let (prior_delivered, rate) = self
@@ -1055,13 +1178,26 @@ impl Connection {
         while pn < end {
             let index = (pn - self.sent_base) as usize;
             if let Some(packet) = &self.sent[index] {
-                let by_count = largest - pn >= PACKET_THRESHOLD;
-                let by_time = lost_before.is_some_and(|t| packet.time <= t);
+                // A protected packet counts from its block's parity: the receiver may still
+                // rebuild it.
+                let repair = self.fec.as_ref().map_or(Repair::None, |f| f.repair(pn));
+                let (from_pn, from_time) = match repair {
+                    Repair::None => (pn, packet.time),
+                    Repair::Pending => {
+                        pn += 1;
+                        continue;
+                    }
+                    Repair::After { pn: after, time } => {
+                        (after.saturating_sub(1).max(pn), time.max(packet.time))
+                    }
+                };
+                let by_count = largest >= from_pn && largest - from_pn >= PACKET_THRESHOLD;
+                let by_time = lost_before.is_some_and(|t| from_time <= t);
                 if by_count || by_time {
                     let packet = self.sent[index].take().expect("checked above");
                     self.on_packet_lost(pn, packet, &mut lost);
                 } else {
-                    let at = packet.time + loss_delay;
+                    let at = from_time + loss_delay;
                     self.loss_time = Some(self.loss_time.map_or(at, |t| t.min(at)));
                 }
             }
@@ -1092,6 +1228,10 @@ impl Connection {
     fn on_packet_lost(&mut self, number: u64, packet: SentPacket, lost: &mut Vec<LostPacket>) {
         self.stats.packets_lost += 1;
         self.stats.bytes_lost += u64::from(packet.size);
+        self.in_flight -= u64::from(packet.parity_bytes);
+        if let Some(fec) = &mut self.fec {
+            fec.on_outcome(number, true);
+        }
         if packet.eliciting {
             self.in_flight -= u64::from(packet.size);
             self.eliciting_in_flight -= 1;
@@ -1127,6 +1267,9 @@ impl Connection {
             self.sent.pop_front();
             self.sent_base += 1;
         }
+        if let Some(fec) = &mut self.fec {
+            fec.forget_below(self.sent_base);
+        }
     }
 
     // ---- Sending ------------------------------------------------------------------------------
@@ -1145,7 +1288,8 @@ impl Connection {
     }
 
     fn wants_to_send_data(&self) -> bool {
-        self.ping_pending
+        self.fec.as_ref().is_some_and(|f| f.has_parity())
+            || self.ping_pending
             || self.probes > 0
             || !self.control.queued.is_empty()
             || self.streams.has_pending()
@@ -1244,6 +1388,10 @@ impl Connection {
 
     fn transmit_close(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let (code, reason) = self.close_frame.clone()?;
+        if let Some(fec) = &mut self.fec {
+            // Blocks are runs of consecutive packets; the CLOSE is not one of them.
+            fec.close_block();
+        }
         let size = self.seal_packet(now, buf, |w| frame::emit_close(w, code, &reason))?;
         Some(self.single_datagram(now, size))
     }
@@ -1264,12 +1412,18 @@ impl Connection {
         if payload_len == 0 {
             return None;
         }
-        Some(self.encrypt(now, buf, payload_len))
+        Some(self.encrypt(now, buf, payload_len, false))
     }
 
     /// Writes the header for the next packet number and encrypts the payload already in
     /// `buf[DATA_HEADER_LEN..][..payload_len]`. Returns the packet size.
-    fn encrypt(&mut self, now: Instant, buf: &mut [u8], payload_len: usize) -> usize {
+    fn encrypt(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        payload_len: usize,
+        protected: bool,
+    ) -> usize {
         let keys = self
             .keys
             .as_mut()
@@ -1280,6 +1434,7 @@ impl Connection {
         Header::Data(DataHeader {
             receiver: self.remote_id,
             key_phase,
+            protected,
             number,
         })
         .emit(&mut Writer::new(&mut buf[..DATA_HEADER_LEN]));
@@ -1294,6 +1449,10 @@ impl Connection {
         let slots = self.config.max_burst_packets.min(buf.len() / max);
         if slots == 0 {
             return None;
+        }
+        if self.fec.as_ref().is_some_and(|f| f.has_parity()) && self.pacer.delay(now).is_none() {
+            // Parity first: it repairs packets already on their way.
+            return self.transmit_parity(now, buf);
         }
         let ack_due = self.ack_due(now);
         let probing = self.probes > 0;
@@ -1313,14 +1472,32 @@ impl Connection {
             return None;
         }
         let packets = data_packets.max(usize::from(ack_due)).min(slots);
+        // While FEC protects, every packet joins a block and is built to fit a shard; the
+        // whole burst has that size (GSO).
+        let srtt = self.rtt.smoothed();
+        let next_pn = self.next_pn;
+        let batch_protected = self.fec.as_mut().is_some_and(|f| {
+            (data_packets > 0 || f.is_open()) && f.protect_next(now, next_pn, srtt)
+        });
+        let cap = match &self.fec {
+            Some(f) if batch_protected => f.max_protected(),
+            _ => max,
+        };
         let mut size = 0;
         let mut segment = 0;
         let mut count = 0;
         let mut eliciting_bytes = 0;
         for i in 0..packets {
-            let out = &mut buf[size..size + max];
+            let next_pn = self.next_pn;
+            let protected = batch_protected
+                && self
+                    .fec
+                    .as_mut()
+                    .is_some_and(|f| f.protect_next(now, next_pn, srtt));
+            let out = &mut buf[size..size + cap];
             let with_ack = i == 0 && (ack_due || self.unacked_eliciting > 0 && data_packets > 0);
-            let Some((len, eliciting)) = self.build_packet(now, out, with_ack, i < data_packets)
+            let Some((len, eliciting)) =
+                self.build_packet(now, out, with_ack, i < data_packets, protected)
             else {
                 break;
             };
@@ -1336,7 +1513,7 @@ impl Connection {
             if count == 1 {
                 segment = len;
             }
-            if len < segment || len < max {
+            if len < segment || len < cap {
                 break;
             }
         }
@@ -1360,13 +1537,66 @@ impl Connection {
         })
     }
 
+    /// A burst of parity packets, paced like data. Their bytes count in flight with the last
+    /// packet of their block, so that they take their share of the congestion window and
+    /// the delivery rate sees the whole wire.
+    fn transmit_parity(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let len = self.fec.as_ref()?.parity_packet_len();
+        let slots = self.config.max_burst_packets.min(buf.len() / len);
+        let rate = self.pacing_rate();
+        let burst = Pacer::burst_bytes(rate, 2 * len as u64, (slots * len) as u64);
+        let packets = (burst.div_ceil(len as u64) as usize).clamp(1, slots.max(1));
+        let mut size = 0;
+        let mut count = 0;
+        while count < packets && size + len <= buf.len() {
+            let out = &mut buf[size..size + len];
+            Header::Parity {
+                receiver: self.remote_id,
+            }
+            .emit(&mut Writer::new(&mut out[..PARITY_HEADER_LEN]));
+            let next_pn = self.next_pn;
+            let fec = self.fec.as_mut()?;
+            let owner = fec.parity_owner();
+            if fec
+                .pop_parity(now, next_pn, &mut out[PARITY_HEADER_LEN..])
+                .is_none()
+            {
+                break;
+            }
+            let owner = owner.and_then(|pn| pn.checked_sub(self.sent_base));
+            if let Some(Some(packet)) = owner.and_then(|i| self.sent.get_mut(i as usize)) {
+                packet.parity_bytes += len as u32;
+                self.in_flight += len as u64;
+            }
+            self.count_sent(now, len);
+            size += len;
+            count += 1;
+        }
+        if count == 0 {
+            return None;
+        }
+        let departure = self.pacer.next().map_or(now, |t| t.min(now));
+        self.pacer.on_sent(now, size as u64, rate);
+        if let Some(c) = &mut self.controller {
+            c.on_sent(now, size as u64, self.in_flight);
+        }
+        Some(Transmit {
+            destination: self.remote,
+            size,
+            segment_size: (count > 1).then_some(len),
+            departure,
+        })
+    }
+
     /// Builds one packet into `out`; returns its size and whether it is ack-eliciting.
+    /// A `protected` packet joins the open FEC block.
     fn build_packet(
         &mut self,
         now: Instant,
         out: &mut [u8],
         with_ack: bool,
         with_data: bool,
+        protected: bool,
     ) -> Option<(usize, bool)> {
         let max = out.len();
         let mut frames = self.spare_frame_lists.pop().unwrap_or_default();
@@ -1377,6 +1607,10 @@ impl Connection {
             let mut w = Writer::new(&mut out[DATA_HEADER_LEN..max - TAG_LEN]);
             if with_ack {
                 if let Some((_, received_at)) = self.largest_received {
+                    if let Some(fec) = &mut self.fec {
+                        // Before the ACK, so that the sender marks them first.
+                        fec.write_recovered(&mut w);
+                    }
                     let delay = now.saturating_duration_since(received_at).as_micros() as u64;
                     acked = frame::emit_ack(&mut w, self.received.iter(), delay);
                 }
@@ -1429,7 +1663,12 @@ impl Connection {
             self.last_ack_sent = Some(now);
         }
         let number = self.next_pn;
-        let size = self.encrypt(now, out, payload_len);
+        let size = self.encrypt(now, out, payload_len, protected);
+        if protected {
+            if let Some(fec) = &mut self.fec {
+                fec.on_sealed(number, &out[..size]);
+            }
+        }
         self.count_sent(now, size);
         if !eliciting {
             self.stats.ack_only_sent += 1;
@@ -1448,6 +1687,8 @@ impl Connection {
         self.sent.push_back(Some(SentPacket {
             time: now,
             size: size as u16,
+            parity_bytes: 0,
+            recovered: false,
             eliciting,
             snapshot,
             frames,

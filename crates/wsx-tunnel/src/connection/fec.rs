@@ -1,0 +1,318 @@
+//! Forward error correction in a connection (PROTOCOL.md §5.1).
+//!
+//! Sender: while the policy asks for parity, every packet sent joins the open block (and is
+//! built small enough to fit a shard); a full block, or one open longer than the flush
+//! interval, is coded and its parity queued for the pacer. A protected packet is not declared
+//! lost before its block's parity has left and the receiver has had the time (or three later
+//! packets) to use it.
+//!
+//! Receiver: protected packets are kept until their block is settled; parity rebuilds what is
+//! missing, and the rebuilt packets are processed as if they had arrived. Their numbers go back
+//! in RECOVERED frames, so that the sender counts them as losses (FEC must never hide a loss
+//! pattern from congestion control) while not sending them again.
+
+use crate::coding::Writer;
+use crate::config::{FecMode, TransportConfig};
+use crate::frame;
+use crate::packet::PARITY_HEADER_LEN;
+use crate::range_set::RangeSet;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+use wsx_fec::policy::{self, LossMeter, Policy};
+use wsx_fec::{Decoder, Encoder, PARITY_INFO_LEN, ParityInfo};
+
+/// A block closes at the latest this long after it opened, so that a trickle of data is
+/// repaired quickly: an eighth of the RTT, within these bounds.
+const FLUSH_MIN: Duration = Duration::from_millis(1);
+const FLUSH_MAX: Duration = Duration::from_millis(10);
+/// The loss rate FEC "on" assumes at least.
+const ON_MIN_LOSS: f64 = 0.01;
+
+/// FEC counters of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct FecStats {
+    /// Blocks coded and packets sent in them.
+    pub blocks: u64,
+    pub packets_protected: u64,
+    /// Parity packets and bytes sent: the overhead.
+    pub parity_sent: u64,
+    pub parity_bytes_sent: u64,
+    /// Packets the peer reported rebuilt from our parity: retransmissions avoided.
+    pub recovered_by_peer: u64,
+    /// Parity packets received, packets rebuilt from them, and groups that lost more than
+    /// their parity could rebuild.
+    pub parity_received: u64,
+    pub recovered: u64,
+    pub unrecoverable_groups: u64,
+}
+
+/// Whether a sent packet may be declared lost yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Repair {
+    /// Not protected: the usual thresholds apply.
+    None,
+    /// Its block's parity has not all left: not yet.
+    Pending,
+    /// Count and time from the first packet sent after the parity, and the parity's time.
+    After { pn: u64, time: Instant },
+}
+
+#[derive(Debug)]
+struct ClosedBlock {
+    first: u64,
+    end: u64,
+    parity_left: usize,
+    repair: Repair,
+}
+
+#[derive(Debug)]
+pub(super) struct Fec {
+    mode: FecMode,
+    policy: Policy,
+    encoder: Encoder,
+    decoder: Decoder,
+    meter: LossMeter,
+    flush_at: Option<Instant>,
+    closed: VecDeque<ClosedBlock>,
+    /// Receiver: packets rebuilt and not yet reported, and those reported once (each is
+    /// reported in two ACKs, so that one lost ACK loses nothing).
+    recovered: RangeSet,
+    reported: RangeSet,
+    stats: FecStats,
+}
+
+impl Fec {
+    /// FEC for a connection whose datagrams are at most `max_datagram` bytes (both sides
+    /// agree on it, so both derive the same shard size).
+    pub(super) fn new(config: &TransportConfig, max_datagram: usize) -> Self {
+        let shard = Self::shard_bytes(max_datagram);
+        Self {
+            mode: config.fec,
+            policy: Policy {
+                max_overhead: config.fec_max_overhead,
+                min_loss: if config.fec == FecMode::On {
+                    ON_MIN_LOSS
+                } else {
+                    0.0
+                },
+                ..Policy::default()
+            },
+            encoder: Encoder::new(shard),
+            decoder: Decoder::new(shard),
+            meter: LossMeter::default(),
+            flush_at: None,
+            closed: VecDeque::new(),
+            recovered: RangeSet::new(),
+            reported: RangeSet::new(),
+            stats: FecStats::default(),
+        }
+    }
+
+    /// A parity packet is exactly `max_datagram`: its header, the description, the shard.
+    fn shard_bytes(max_datagram: usize) -> usize {
+        (max_datagram - PARITY_HEADER_LEN - PARITY_INFO_LEN) & !1
+    }
+
+    pub(super) fn stats(&self) -> FecStats {
+        let d = self.decoder.stats();
+        let e = self.encoder.stats();
+        FecStats {
+            blocks: e.blocks,
+            packets_protected: e.packets,
+            parity_received: d.parity,
+            recovered: d.recovered,
+            unrecoverable_groups: d.unrecoverable,
+            ..self.stats
+        }
+    }
+
+    // ---- Sender -------------------------------------------------------------------------
+
+    /// Whether the packet about to get number `pn` is protected, opening a block if the
+    /// policy asks for one. Within one call of `poll_transmit` the answer does not change
+    /// (the loss estimate moves only with ACKs), so a GSO batch keeps one packet size.
+    pub(super) fn protect_next(&mut self, now: Instant, pn: u64, srtt: Duration) -> bool {
+        if self.encoder.open_block().is_some() {
+            return true;
+        }
+        if self.mode == FecMode::Off {
+            return false;
+        }
+        let Some(shape) = policy::shape(self.meter.stats(), &self.policy) else {
+            return false;
+        };
+        self.encoder.open(pn, shape);
+        self.flush_at = Some(now + (srtt / 8).clamp(FLUSH_MIN, FLUSH_MAX));
+        true
+    }
+
+    /// Whether a block is open: the next packet must join it.
+    pub(super) fn is_open(&self) -> bool {
+        self.encoder.open_block().is_some()
+    }
+
+    /// The longest packet a block can carry.
+    pub(super) fn max_protected(&self) -> usize {
+        self.encoder.max_packet()
+    }
+
+    /// A protected packet was sealed: it joins the open block, which is coded once full.
+    pub(super) fn on_sealed(&mut self, pn: u64, packet: &[u8]) {
+        if self.encoder.open_block().is_some() && self.encoder.add(pn, packet) {
+            self.close_block();
+        }
+    }
+
+    /// Codes the open block now (the flush timer, or the connection is about to send
+    /// something that must not wait for parity).
+    pub(super) fn close_block(&mut self) {
+        self.flush_at = None;
+        let before = self.encoder.pending_parity();
+        let (stats, policy) = (self.meter.stats(), self.policy);
+        let Some(shape) = self.encoder.open_block().map(|b| b.shape) else {
+            return;
+        };
+        let Some(block) = self
+            .encoder
+            .close(|members| policy::parity_for(members, shape, stats, &policy))
+        else {
+            return;
+        };
+        self.closed.push_back(ClosedBlock {
+            first: block.first,
+            end: block.end(),
+            parity_left: self.encoder.pending_parity() - before,
+            repair: Repair::Pending,
+        });
+    }
+
+    /// When the open block must be flushed.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.flush_at
+    }
+
+    pub(super) fn on_timeout(&mut self, now: Instant) {
+        if self.flush_at.is_some_and(|t| now >= t) {
+            self.close_block();
+        }
+    }
+
+    pub(super) fn has_parity(&self) -> bool {
+        self.encoder.pending_parity() > 0
+    }
+
+    /// Writes the next parity shard (description and shard) into `out`; `next_pn` is the
+    /// number the next data packet will get.
+    pub(super) fn pop_parity(
+        &mut self,
+        now: Instant,
+        next_pn: u64,
+        out: &mut [u8],
+    ) -> Option<usize> {
+        let len = self.encoder.pop_parity(out)?;
+        self.stats.parity_sent += 1;
+        self.stats.parity_bytes_sent += (PARITY_HEADER_LEN + len) as u64;
+        if let Some(block) = self.closed.iter_mut().find(|b| b.parity_left > 0) {
+            block.parity_left -= 1;
+            if block.parity_left == 0 {
+                block.repair = Repair::After {
+                    pn: next_pn,
+                    time: now,
+                };
+            }
+        }
+        Some(len)
+    }
+
+    /// The bytes of a parity packet.
+    pub(super) fn parity_packet_len(&self) -> usize {
+        PARITY_HEADER_LEN + self.encoder.parity_len()
+    }
+
+    /// The last packet of the block whose parity the next [`Fec::pop_parity`] sends (parity
+    /// bytes are accounted with it, so that they count in flight and as delivered).
+    pub(super) fn parity_owner(&self) -> Option<u64> {
+        self.closed
+            .iter()
+            .find(|b| b.parity_left > 0)
+            .map(|b| b.end - 1)
+    }
+
+    /// Whether sent packet `pn` may be declared lost yet; see [`Repair`].
+    pub(super) fn repair(&self, pn: u64) -> Repair {
+        if let Some(open) = self.encoder.open_block() {
+            if pn >= open.first {
+                return Repair::Pending;
+            }
+        }
+        let i = self.closed.partition_point(|b| b.end <= pn);
+        match self.closed.get(i) {
+            Some(b) if b.first <= pn => b.repair,
+            _ => Repair::None,
+        }
+    }
+
+    /// Forgets blocks wholly below `base` (every packet acknowledged or declared lost).
+    pub(super) fn forget_below(&mut self, base: u64) {
+        while self
+            .closed
+            .front()
+            .is_some_and(|b| b.end <= base && b.parity_left == 0)
+        {
+            self.closed.pop_front();
+        }
+    }
+
+    /// A sent packet's fate, for the loss meter: delivered, or lost (rebuilt or not).
+    pub(super) fn on_outcome(&mut self, pn: u64, lost: bool) {
+        self.meter.on_packet(pn, lost);
+    }
+
+    pub(super) fn on_peer_recovered(&mut self) {
+        self.stats.recovered_by_peer += 1;
+    }
+
+    // ---- Receiver -----------------------------------------------------------------------
+
+    pub(super) fn stage(&mut self, pn: u64, packet: &[u8]) {
+        self.decoder.stage(pn, packet);
+    }
+
+    pub(super) fn commit(&mut self, pn: u64) {
+        self.decoder.commit(pn);
+    }
+
+    /// A parity packet's body (after its header). Malformed ones are ignored.
+    pub(super) fn on_parity(&mut self, body: &[u8]) {
+        let Ok(info) = ParityInfo::parse(body) else {
+            return;
+        };
+        self.decoder.on_parity(info, &body[PARITY_INFO_LEN..]);
+    }
+
+    /// The next rebuilt packet, still sealed, into `out`.
+    pub(super) fn pop_recovered(&mut self, out: &mut [u8]) -> Option<(u64, usize)> {
+        self.decoder.pop_recovered(out)
+    }
+
+    /// A rebuilt packet authenticated: report it.
+    pub(super) fn on_recovered(&mut self, pn: u64, keep: usize) {
+        self.recovered.insert(pn..pn + 1);
+        self.recovered.keep_highest(keep);
+    }
+
+    /// Writes a RECOVERED frame for the packets rebuilt since the last ACK but one.
+    pub(super) fn write_recovered(&mut self, w: &mut Writer<'_>) {
+        if self.recovered.is_empty() && self.reported.is_empty() {
+            return;
+        }
+        let mut all = self.reported.clone();
+        for range in self.recovered.iter() {
+            all.insert(range);
+        }
+        if frame::emit_recovered(w, all.iter()) {
+            self.reported = std::mem::take(&mut self.recovered);
+        }
+    }
+}
