@@ -800,8 +800,11 @@ impl Connection {
                     fec.on_recovered(pn, ACK_RANGES_KEPT);
                 }
                 // Acknowledge at once: the sender holds the packet's loss verdict for about
-                // one RTT after the parity, no longer.
-                self.ack_deadline = Some(now);
+                // one RTT after the parity, no longer. (A rebuilt ACK-only packet asks for
+                // nothing: a deadline without an ACK due would never be cleared.)
+                if self.unacked_eliciting > 0 {
+                    self.ack_deadline = Some(now);
+                }
             }
         }
         self.recovered_buf = buf;
