@@ -152,7 +152,9 @@ impl Decoder {
         self.allocate();
         let block = info.block;
         if let Some(highest) = self.highest {
-            if block.end() + KEEP <= highest || block.first > highest + KEEP {
+            if block.end().saturating_add(KEEP) <= highest
+                || block.first > highest.saturating_add(KEEP)
+            {
                 return;
             }
         }
@@ -280,7 +282,7 @@ impl Decoder {
         while self
             .blocks
             .first_key_value()
-            .is_some_and(|(_, s)| s.block.end() + KEEP <= highest)
+            .is_some_and(|(_, s)| s.block.end().saturating_add(KEEP) <= highest)
         {
             self.evict_first();
         }

@@ -210,3 +210,29 @@ fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
         x
     }
 }
+
+/// Parity from the network may describe any block: one at the top of the packet-number
+/// space is ignored or kept, never a panic.
+#[test]
+fn parity_for_the_last_packet_numbers_is_harmless() {
+    let shape = Shape {
+        k: 4,
+        m: 1,
+        depth: 1,
+    };
+    let packets: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 20]).collect();
+    let (mut info, shard) = encode(0, &packets, shape).remove(0);
+    let mut decoder = Decoder::new(SHARD);
+    decoder.stage(5, &[1; 20]);
+    decoder.commit(5);
+    info.block.first = u64::MAX - 4;
+    decoder.on_parity(info, &shard);
+    let mut fresh = Decoder::new(SHARD);
+    fresh.on_parity(info, &shard);
+    fresh.stage(u64::MAX - 1, &[1; 20]);
+    fresh.commit(u64::MAX - 1);
+    for pn in 10..20u64 {
+        fresh.stage(pn, &[2; 20]);
+        fresh.commit(pn);
+    }
+}
