@@ -16,7 +16,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
-use wsx_lab::{Lab, Node, addr};
+use wsx_lab::{Lab, Node, WanSpec, addr};
 
 /// The `wsx` binary `cargo xtask test` built beside the test executables.
 pub fn wsx_binary() -> PathBuf {
@@ -255,11 +255,46 @@ pub fn assert_no_rules(lab: &Lab, node: Node) {
     }
 }
 
+/// Calls `check` every `every` until it returns a value; panics with its last complaint if
+/// none came within `timeout`.
+pub fn wait_until<T>(
+    timeout: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check() {
+            Ok(value) => return value,
+            Err(why) => assert!(Instant::now() < deadline, "not within {timeout:?}: {why}"),
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// The lab the gateway tests run in: a 40 ms, 0.5 % loss, 100 Mbit/s WAN.
+pub fn gateway_lab() -> Lab {
+    let wan = WanSpec {
+        rtt_ms: 40.0,
+        loss_pct: 0.5,
+        rate_mbit: 100.0,
+        ..WanSpec::default()
+    };
+    Lab::start(&wan.emulator_config()).unwrap()
+}
+
+/// Strings as a TOML array.
+pub fn toml_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("\"{i}\"")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
 /// A lab node booted as a machine of its own: systemd runs as PID 1 of a new PID and mount
 /// namespace inside the node's network namespace, so units, `systemctl` and `journalctl`
-/// work there as on a gateway. `/etc`, `/usr/local` and `/var` are overlays on this host's
-/// (what is installed into the machine stays in it and goes with it); `/run` and `/tmp` are
-/// empty. Dropping it kills the machine; so does the end of the test process.
+/// work there as on a gateway. `/etc`, `/usr/local`, `/var` and `/tmp` are overlays on this
+/// host's (what is installed into the machine stays in it and goes with it; the workspace
+/// and its build stay visible wherever they are, `/tmp` included); `/run` is empty.
+/// Dropping it kills the machine; so does the end of the test process.
 #[derive(Debug)]
 pub struct Machine {
     unshare: Child,
@@ -271,8 +306,7 @@ pub struct Machine {
 const BOOT: &str = r#"set -e
 mount -t proc proc /proc
 mount -t tmpfs -o mode=0755 tmpfs /run
-mount -t tmpfs -o mode=1777 tmpfs /tmp
-for dir in /etc /usr/local /var; do
+for dir in /etc /usr/local /var /tmp; do
     state=/run/machine-overlay$dir
     mkdir -p "$state/upper" "$state/work"
     mount -t overlay overlay -o "lowerdir=$dir,upperdir=$state/upper,workdir=$state/work" "$dir"
@@ -297,40 +331,29 @@ impl Machine {
         // `ip netns exec` execs unshare in place, so the child's pid is unshare's; its one
         // child is the namespace's PID 1.
         let children = format!("/proc/{0}/task/{0}/children", unshare.id());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let pid = loop {
-            let found = std::fs::read_to_string(&children)
-                .ok()
-                .and_then(|s| s.split_whitespace().next()?.parse().ok());
-            if let Some(pid) = found {
-                break pid;
-            }
+        let pid = wait_until(Duration::from_secs(10), Duration::from_millis(20), || {
             if let Some(status) = unshare.try_wait().unwrap() {
                 panic!("{node:?}: the machine did not start: {status}");
             }
-            assert!(Instant::now() < deadline, "{node:?}: no PID 1 in 10 s");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+            std::fs::read_to_string(&children)
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                .ok_or_else(|| format!("{node:?}: no PID 1"))
+        });
         let machine = Self { unshare, pid, node };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        wait_until(Duration::from_secs(60), Duration::from_millis(100), || {
             let out = machine.sh("systemctl is-system-running 2>&1 || true");
             let state = String::from_utf8_lossy(&out.stdout).into_owned()
                 + &String::from_utf8_lossy(&out.stderr);
             match state.trim() {
-                "running" => break,
+                "running" => Ok(()),
                 "degraded" => panic!(
                     "{node:?}: units failed at boot:\n{}",
                     machine.sh_ok("systemctl --failed --no-pager")
                 ),
-                _ => {}
+                _ => Err(format!("{node:?}: systemd not up: {state}")),
             }
-            assert!(
-                Instant::now() < deadline,
-                "{node:?}: systemd not up in 60 s: {state}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        });
         machine
     }
 
@@ -380,20 +403,18 @@ impl Machine {
 
     /// Waits until the unit's log (`journalctl -u UNIT`) has `count` lines with `pattern`.
     pub fn wait_for_journal(&self, unit: &str, pattern: &str, count: usize, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
         let script = format!("journalctl --no-pager -o cat -u {unit}");
-        loop {
+        wait_until(timeout, Duration::from_millis(200), || {
             let log = self.sh_ok(&script);
             if log.lines().filter(|l| l.contains(pattern)).count() >= count {
-                return;
+                Ok(())
+            } else {
+                Err(format!(
+                    "{:?}: no {count} line(s) with {pattern:?} in {unit}'s journal:\n{log}",
+                    self.node
+                ))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{:?}: no {count} line(s) with {pattern:?} in {unit}'s journal within {timeout:?}:\n{log}",
-                self.node
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        });
     }
 }
 

@@ -11,9 +11,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
-use std::time::{Duration, Instant};
-use wsx_e2e::{Machine, assert_no_rules, transfer, wsx_binary};
-use wsx_lab::{Lab, Node, WanSpec, addr};
+use std::time::Duration;
+use wsx_e2e::{Machine, assert_no_rules, gateway_lab, toml_list, transfer, wait_until, wsx_binary};
+use wsx_lab::{Node, addr};
 
 /// The guide's fenced `sh` blocks, in order.
 fn guide_blocks() -> Vec<String> {
@@ -49,12 +49,11 @@ fn block<'a>(blocks: &'a [String], marker: &str) -> &'a str {
 fn configuration(node: Node, peer_public_key: &str) -> String {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/wsx.toml");
     let example = std::fs::read_to_string(example).unwrap();
-    let list = |items: [String; 2]| format!("[\"{}\", \"{}\"]", items[0], items[1]);
     // The example is written for gw-a of the lab's topology.
     for line in [
         "interfaces = [\"lan0\"]".to_owned(),
         format!("endpoint = \"{}:4500\"", addr::GWB_WAN_V4),
-        format!("prefixes = {}", list(addr::server_lan())),
+        format!("prefixes = {}", toml_list(&addr::server_lan())),
     ] {
         assert!(example.contains(&line), "the example has no {line:?}");
     }
@@ -75,25 +74,25 @@ fn configuration(node: Node, peer_public_key: &str) -> String {
             &addr::GWB_WAN_V4.to_string(),
             &addr::GWA_WAN_V4.to_string(),
         );
-        config = fill(config, &list(addr::server_lan()), &list(addr::client_lan()));
+        config = fill(
+            config,
+            &toml_list(&addr::server_lan()),
+            &toml_list(&addr::client_lan()),
+        );
     }
     config
 }
 
 /// Waits until the unit is in `sub` state (`systemctl show -p SubState`).
 fn wait_for_state(machine: &Machine, sub: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
+    wait_until(timeout, Duration::from_millis(20), || {
         let state = machine.sh_ok("systemctl show -p SubState --value wsx");
         if state.trim() == sub {
-            return;
+            Ok(())
+        } else {
+            Err(format!("wsx.service is {state:?}, not {sub:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "wsx.service is {state:?}, not {sub:?}, after {timeout:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    });
 }
 
 #[test]
@@ -111,13 +110,7 @@ fn the_deployment_guide_works_under_systemd() {
         .join("\n")
         .replace("target/release/wsx", binary.to_str().unwrap());
 
-    let wan = WanSpec {
-        rtt_ms: 40.0,
-        loss_pct: 0.5,
-        rate_mbit: 100.0,
-        ..WanSpec::default()
-    };
-    let lab = Lab::start(&wan.emulator_config()).unwrap();
+    let lab = gateway_lab();
     let nodes = [Node::GwA, Node::GwB];
     let machines = nodes.map(|node| Machine::boot(&lab, node));
 

@@ -11,8 +11,8 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use wsx_e2e::{Daemon, assert_no_rules, transfer};
-use wsx_lab::{Lab, Node, WanSpec, addr};
+use wsx_e2e::{Daemon, assert_no_rules, toml_list, transfer};
+use wsx_lab::{Lab, Node, addr};
 use wsx_tunnel::SecretKey;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -23,22 +23,10 @@ fn serial() -> MutexGuard<'static, ()> {
 
 /// A lab with a 40 ms, 0.5 % loss, 100 Mbit/s WAN, and a directory for configurations.
 fn lab() -> (Lab, PathBuf) {
-    let wan = WanSpec {
-        rtt_ms: 40.0,
-        loss_pct: 0.5,
-        rate_mbit: 100.0,
-        ..WanSpec::default()
-    };
-    let lab = Lab::start(&wan.emulator_config()).unwrap();
+    let lab = wsx_e2e::gateway_lab();
     let dir = std::env::temp_dir().join(format!("wsx-e2e-{}", lab.name()));
     std::fs::create_dir_all(&dir).unwrap();
     (lab, dir)
-}
-
-/// Prefix strings as a TOML array.
-fn toml_list(items: &[String]) -> String {
-    let quoted: Vec<String> = items.iter().map(|i| format!("\"{i}\"")).collect();
-    format!("[{}]", quoted.join(", "))
 }
 
 /// Configurations for both gateways, each pointing at the other.
