@@ -139,8 +139,7 @@ impl Decoder {
     }
 
     fn has(&self, pn: u64) -> bool {
-        let slot = slot(pn);
-        !self.shards.is_empty() && self.slot_pn[slot] == pn && self.slot_ok[slot]
+        held(&self.slot_pn, &self.slot_ok, pn)
     }
 
     /// Takes a parity shard. Descriptions that contradict an earlier one for the same block,
@@ -198,12 +197,12 @@ impl Decoder {
         let missing = (0..members)
             .filter(|&i| !self.has(block.member(g, i)))
             .count();
+        if missing == 0 {
+            self.mark_done(first, g);
+            return;
+        }
         let parity = &state.parity[usize::from(g) * m..][..m];
-        let have_parity = parity.iter().flatten().count();
-        if missing == 0 || have_parity < missing {
-            if missing == 0 {
-                self.mark_done(first, g);
-            }
+        if parity.iter().flatten().count() < missing {
             return;
         }
         let codec = match &mut self.codec.0 {
@@ -220,7 +219,7 @@ impl Decoder {
                 &self.zero[..]
             } else {
                 let pn = block.member(g, i);
-                if !(self.slot_pn[slot(pn)] == pn && self.slot_ok[slot(pn)]) {
+                if !held(&self.slot_pn, &self.slot_ok, pn) {
                     continue;
                 }
                 let at = slot(pn) * self.shard_bytes;
@@ -236,28 +235,29 @@ impl Decoder {
         let Ok(()) = added else {
             return;
         };
-        let Ok(result) = codec.decode() else {
-            return;
-        };
-        for (i, shard) in result.restored_original_iter() {
-            if i >= members {
-                continue;
+        // The decoder's result borrows the codec until the end of this block.
+        {
+            let Ok(result) = codec.decode() else {
+                return;
+            };
+            for (i, shard) in result.restored_original_iter() {
+                if i >= members {
+                    continue;
+                }
+                let len = usize::from(u16::from_be_bytes([shard[0], shard[1]]));
+                if len > self.shard_bytes - LEN_PREFIX {
+                    // Parity that does not belong with these packets (forged or corrupt); what
+                    // it rebuilds would fail authentication anyway.
+                    continue;
+                }
+                let mut buf = self.spare.pop().unwrap_or_default();
+                buf.clear();
+                buf.extend_from_slice(&shard[LEN_PREFIX..LEN_PREFIX + len]);
+                self.recovered.push_back((block.member(g, i), buf));
+                self.stats.recovered += 1;
             }
-            let len = usize::from(u16::from_be_bytes([shard[0], shard[1]]));
-            if len > self.shard_bytes - LEN_PREFIX {
-                // Parity that does not belong with these packets (forged or corrupt); what
-                // it rebuilds would fail authentication anyway.
-                continue;
-            }
-            let mut buf = self.spare.pop().unwrap_or_default();
-            buf.clear();
-            buf.extend_from_slice(&shard[LEN_PREFIX..LEN_PREFIX + len]);
-            self.recovered.push_back((block.member(g, i), buf));
-            self.stats.recovered += 1;
         }
-        if let Some(state) = self.blocks.get_mut(&first) {
-            state.done[usize::from(g)] = true;
-        }
+        self.mark_done(first, g);
     }
 
     fn mark_done(&mut self, first: u64, g: u8) {
@@ -305,6 +305,13 @@ impl Decoder {
 
 fn slot(pn: u64) -> usize {
     (pn % SLOTS as u64) as usize
+}
+
+/// Whether the slots hold packet `pn`, authenticated. A free function, so that it can be
+/// asked while the codec is borrowed.
+fn held(slot_pn: &[u64], slot_ok: &[bool], pn: u64) -> bool {
+    let slot = slot(pn);
+    slot_pn.get(slot) == Some(&pn) && slot_ok[slot]
 }
 
 /// The codec, made when first needed (it does not implement `Debug`).

@@ -203,17 +203,20 @@ impl Fec {
     }
 
     /// Writes the next parity shard (description and shard) into `out`; `next_pn` is the
-    /// number the next data packet will get.
+    /// number the next data packet will get. Returns its length and the last packet of its
+    /// block, with which its bytes are accounted (so that they count in flight and, once
+    /// acknowledged, as delivered).
     pub(super) fn pop_parity(
         &mut self,
         now: Instant,
         next_pn: u64,
         out: &mut [u8],
-    ) -> Option<usize> {
+    ) -> Option<(usize, Option<u64>)> {
         let len = self.encoder.pop_parity(out)?;
         self.stats.parity_sent += 1;
         self.stats.parity_bytes_sent += (PARITY_HEADER_LEN + len) as u64;
-        if let Some(block) = self.closed.iter_mut().find(|b| b.parity_left > 0) {
+        let block = self.closed.iter_mut().find(|b| b.parity_left > 0);
+        let owner = block.map(|block| {
             block.parity_left -= 1;
             if block.parity_left == 0 {
                 block.repair = Repair::After {
@@ -221,22 +224,14 @@ impl Fec {
                     time: now,
                 };
             }
-        }
-        Some(len)
+            block.end - 1
+        });
+        Some((len, owner))
     }
 
     /// The bytes of a parity packet.
     pub(super) fn parity_packet_len(&self) -> usize {
         PARITY_HEADER_LEN + self.encoder.parity_len()
-    }
-
-    /// The last packet of the block whose parity the next [`Fec::pop_parity`] sends (parity
-    /// bytes are accounted with it, so that they count in flight and as delivered).
-    pub(super) fn parity_owner(&self) -> Option<u64> {
-        self.closed
-            .iter()
-            .find(|b| b.parity_left > 0)
-            .map(|b| b.end - 1)
     }
 
     /// Whether sent packet `pn` may be declared lost yet; see [`Repair`].

@@ -1559,13 +1559,10 @@ impl Connection {
             .emit(&mut Writer::new(&mut out[..PARITY_HEADER_LEN]));
             let next_pn = self.next_pn;
             let fec = self.fec.as_mut()?;
-            let owner = fec.parity_owner();
-            if fec
-                .pop_parity(now, next_pn, &mut out[PARITY_HEADER_LEN..])
-                .is_none()
-            {
+            let Some((_, owner)) = fec.pop_parity(now, next_pn, &mut out[PARITY_HEADER_LEN..])
+            else {
                 break;
-            }
+            };
             let owner = owner.and_then(|pn| pn.checked_sub(self.sent_base));
             if let Some(Some(packet)) = owner.and_then(|i| self.sent.get_mut(i as usize)) {
                 packet.parity_bytes += len as u32;

@@ -1,19 +1,12 @@
 //! Forward error correction between two endpoints (PROTOCOL.md §5.1): what it repairs, what
 //! it costs, and that it never hides a loss from the congestion controller.
 
-use crate::testing::{LinkConfig, Pair, Transfers};
+use super::simulation::{pair_with, run_for};
+use crate::testing::{LinkConfig, Transfers};
 use crate::{ConnectionStats, FecMode, TransportConfig};
 use std::time::Duration;
 
 const RTT: Duration = Duration::from_millis(100);
-
-fn run_for(pair: &mut Pair, transfers: &mut Transfers, duration: Duration) {
-    let end = pair.now + duration;
-    pair.run_until(duration + Duration::from_millis(1), |pair| {
-        transfers.pump(pair);
-        pair.now >= end
-    });
-}
 
 /// One bulk stream over 100 Mbit/s, 100 ms, `forward` impairments; the sender's and the
 /// receiver's counters after a 3 s start, then after `seconds` more.
@@ -22,13 +15,11 @@ fn bulk(
     mode: FecMode,
     seconds: u64,
 ) -> [(ConnectionStats, ConnectionStats); 2] {
-    let reverse = LinkConfig::new(RTT, 1000);
     let config = TransportConfig {
         fec: mode,
         ..TransportConfig::default()
     };
-    let mut pair = Pair::with_config(crate::test_epoch(), forward, reverse, 21, config);
-    pair.connect();
+    let mut pair = pair_with(forward, 21, config);
     let mut transfers = Transfers::new(0);
     transfers.start(&mut pair, 1 << 40);
     run_for(&mut pair, &mut transfers, Duration::from_secs(3));

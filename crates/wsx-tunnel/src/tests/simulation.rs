@@ -13,14 +13,19 @@ const RATE: u64 = 12_500_000;
 
 /// A pair over `forward` (and a clean reverse path of the same RTT), connected.
 fn pair(forward: LinkConfig, seed: u64) -> Pair {
+    pair_with(forward, seed, crate::testing::transport_config())
+}
+
+/// [`pair`] with other transport settings.
+pub(super) fn pair_with(forward: LinkConfig, seed: u64, config: TransportConfig) -> Pair {
     let reverse = LinkConfig::new(forward.delay * 2, 1000);
-    let mut pair = Pair::new(crate::test_epoch(), forward, reverse, seed);
+    let mut pair = Pair::with_config(crate::test_epoch(), forward, reverse, seed, config);
     pair.connect();
     pair
 }
 
 /// Runs for `duration` with `transfers` pumped; the transfers must outlast it.
-fn run_for(pair: &mut Pair, transfers: &mut Transfers, duration: Duration) {
+pub(super) fn run_for(pair: &mut Pair, transfers: &mut Transfers, duration: Duration) {
     let end = pair.now + duration;
     pair.run_until(duration + MS, |pair| {
         transfers.pump(pair);
@@ -120,10 +125,7 @@ fn reaches_90_percent_within_ten_round_trips() {
 fn an_idle_tunnel_still_ramps_up_quickly() {
     let mut config = crate::testing::transport_config();
     config.keepalive = MS * 250;
-    let forward = LinkConfig::new(RTT, 100);
-    let reverse = LinkConfig::new(forward.delay * 2, 1000);
-    let mut pair = Pair::with_config(crate::test_epoch(), forward, reverse, 7, config);
-    pair.connect();
+    let mut pair = pair_with(LinkConfig::new(RTT, 100), 7, config);
     let idle_until = pair.now + Duration::from_secs(5);
     pair.run_until(Duration::from_secs(6), |p| p.now >= idle_until);
     let mut transfers = Transfers::new(0);
@@ -173,14 +175,11 @@ fn a_warm_start_reaches_90_percent_within_three_round_trips() {
 fn when_the_bottleneck_halves_loss_settles_within_two_round_trips() {
     // The controller's reaction alone: FEC off. (With adaptive FEC the overflow losses that
     // are not contiguous also raise the parity for a second or so; see fec.rs's tests.)
-    let forward = LinkConfig::new(RTT, 100).with_loss(0.001);
-    let reverse = LinkConfig::new(forward.delay * 2, 1000);
     let config = TransportConfig {
         fec: FecMode::Off,
         ..TransportConfig::default()
     };
-    let mut pair = Pair::with_config(crate::test_epoch(), forward, reverse, 7, config);
-    pair.connect();
+    let mut pair = pair_with(LinkConfig::new(RTT, 100).with_loss(0.001), 7, config);
     let mut transfers = Transfers::new(0);
     transfers.start(&mut pair, 1 << 40);
     run_for(&mut pair, &mut transfers, Duration::from_secs(5));
