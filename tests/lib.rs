@@ -293,7 +293,8 @@ pub fn toml_list(items: &[String]) -> String {
 /// namespace inside the node's network namespace, so units, `systemctl` and `journalctl`
 /// work there as on a gateway. `/etc`, `/usr/local`, `/var` and `/tmp` are overlays on this
 /// host's (what is installed into the machine stays in it and goes with it; the workspace
-/// and its build stay visible wherever they are, `/tmp` included); `/run` is empty.
+/// and its build stay visible wherever they are, `/tmp` included: the machine's
+/// systemd-tmpfiles is told not to empty it); `/run` is empty.
 /// Dropping it kills the machine; so does the end of the test process.
 #[derive(Debug)]
 pub struct Machine {
@@ -311,6 +312,9 @@ for dir in /etc /usr/local /var /tmp; do
     mkdir -p "$state/upper" "$state/work"
     mount -t overlay overlay -o "lowerdir=$dir,upperdir=$state/upper,workdir=$state/work" "$dir"
 done
+# systemd-tmpfiles empties /tmp at boot; the workspace may live there.
+mkdir -p /etc/tmpfiles.d
+: > /etc/tmpfiles.d/tmp.conf
 exec env container=wsx-lab /lib/systemd/systemd --system --unit=basic.target
 "#;
 
