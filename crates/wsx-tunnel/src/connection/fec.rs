@@ -89,15 +89,7 @@ impl Fec {
         let shard = Self::shard_bytes(max_datagram);
         Self {
             mode: config.fec,
-            policy: Policy {
-                max_overhead: config.fec_max_overhead,
-                min_loss: if config.fec == FecMode::On {
-                    ON_MIN_LOSS
-                } else {
-                    0.0
-                },
-                ..Policy::default()
-            },
+            policy: Self::policy(config.fec, config.fec_max_overhead),
             encoder: Encoder::new(shard),
             decoder: Decoder::new(shard),
             meter: LossMeter::default(),
@@ -107,6 +99,25 @@ impl Fec {
             reported: RangeSet::new(),
             stats: FecStats::default(),
         }
+    }
+
+    fn policy(mode: FecMode, max_overhead: f64) -> Policy {
+        Policy {
+            max_overhead,
+            min_loss: if mode == FecMode::On {
+                ON_MIN_LOSS
+            } else {
+                0.0
+            },
+            ..Policy::default()
+        }
+    }
+
+    /// Changes the mode and the overhead cap from the next block on (an open block is
+    /// finished as it was shaped).
+    pub(super) fn configure(&mut self, mode: FecMode, max_overhead: f64) {
+        self.mode = mode;
+        self.policy = Self::policy(mode, max_overhead);
     }
 
     /// A parity packet is exactly `max_datagram`: its header, the description, the shard.

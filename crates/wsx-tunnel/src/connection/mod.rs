@@ -27,7 +27,7 @@ mod fec;
 pub(crate) mod params;
 
 use crate::coding::{Reader, Writer};
-use crate::config::TransportConfig;
+use crate::config::{FecMode, TransportConfig};
 use crate::congestion::{
     AckEvent, Controller, ControllerState, DeliveryRate, LossEvent, LostPacket, PacketSnapshot,
     PathHint, PathParams,
@@ -414,6 +414,17 @@ impl Connection {
             connection_window: params.connection_window,
         });
         self.fec = Some(Box::new(Fec::new(&self.config, self.max_datagram())));
+    }
+
+    /// Changes what this side sends of forward error correction (the receiving side
+    /// needs no setting): from the next block on.
+    pub fn set_fec(&mut self, mode: FecMode, max_overhead: f64) {
+        let config = Arc::make_mut(&mut self.config);
+        config.fec = mode;
+        config.fec_max_overhead = max_overhead;
+        if let Some(fec) = &mut self.fec {
+            fec.configure(mode, max_overhead);
+        }
     }
 
     /// The handshake's own parameters payload.

@@ -33,7 +33,7 @@ mod timer;
 pub use socket::SOCKET_BUFFER;
 pub use stream::Stream;
 
-use crate::config::EndpointConfig;
+use crate::config::{EndpointConfig, FecMode};
 use crate::connection::{Connection, ConnectionError, ConnectionStats, ControlError, Event};
 use crate::crypto::PublicKey;
 use crate::endpoint::{ConnectError, ConnectionHandle, DatagramEvent, Endpoint, EndpointStats};
@@ -250,6 +250,12 @@ impl Tunnel {
 
     pub fn stats(&self) -> ConnectionStats {
         self.link.lock().connection.stats()
+    }
+
+    /// Changes the forward error correction of what this side sends; see
+    /// [`Connection::set_fec`](crate::Connection::set_fec).
+    pub fn set_fec(&self, mode: FecMode, max_overhead: f64) {
+        self.link.lock().connection.set_fec(mode, max_overhead);
     }
 
     /// Whether the handshake has completed and the connection has not ended.

@@ -106,3 +106,36 @@ fn burst_loss_is_interleaved_or_reported() {
         "unrepaired losses not reported"
     );
 }
+
+/// The per-peer setting changes on a live connection: adaptive to off stops parity from the
+/// next block, and back to adaptive starts it again under loss.
+#[test]
+fn fec_mode_changes_on_a_running_connection() {
+    let config = TransportConfig {
+        fec: FecMode::Adaptive,
+        ..TransportConfig::default()
+    };
+    let mut pair = pair_with(LinkConfig::new(RTT, 100).with_loss(0.01), 22, config);
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(4));
+    let adaptive = pair.client().stats().fec;
+    assert!(adaptive.parity_sent > 0, "{adaptive:?}");
+
+    pair.client().set_fec(FecMode::Off, 0.25);
+    // The block open at the switch still gets its parity.
+    run_for(&mut pair, &mut transfers, Duration::from_millis(50));
+    let switched = pair.client().stats().fec;
+    run_for(&mut pair, &mut transfers, Duration::from_secs(2));
+    let off = pair.client().stats().fec;
+    assert_eq!(
+        (off.parity_sent, off.packets_protected),
+        (switched.parity_sent, switched.packets_protected)
+    );
+
+    pair.client().set_fec(FecMode::Adaptive, 0.25);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(2));
+    let again = pair.client().stats().fec;
+    assert!(again.parity_sent > off.parity_sent, "{again:?}");
+    assert!(again.recovered_by_peer > off.recovered_by_peer, "{again:?}");
+}
