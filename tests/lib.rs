@@ -114,6 +114,22 @@ impl Daemon {
         }
     }
 
+    /// The numbers of the `key=value` fields of the last log line containing `pattern`.
+    pub fn fields(&self, pattern: &str) -> std::collections::HashMap<String, u64> {
+        let lines = self.log.0.lock().unwrap_or_else(|e| e.into_inner());
+        let line = lines
+            .iter()
+            .rev()
+            .find(|l| l.contains(pattern))
+            .unwrap_or_else(|| panic!("{:?}: no log line with {pattern:?}", self.node));
+        line.split_whitespace()
+            .filter_map(|token| {
+                let (key, value) = token.split_once('=')?;
+                Some((key.to_string(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// How many log lines contain `pattern`.
     pub fn count(&self, pattern: &str) -> usize {
         self.count_all(&[pattern])
@@ -194,9 +210,22 @@ impl Drop for Daemon {
     }
 }
 
-/// Sends `flows` × `bytes` from `from` to a sink in `to`, over IPv6 or IPv4; returns the
-/// verified byte count.
+/// Sends `flows` × `bytes` of random data from `from` to a sink in `to`, over IPv6 or IPv4;
+/// returns the verified byte count.
 pub fn transfer(lab: &Lab, from: Node, to: Node, ipv6: bool, flows: u16, bytes: u64) -> u64 {
+    transfer_payload(lab, from, to, ipv6, flows, bytes, PayloadKind::Random)
+}
+
+/// [`transfer`] with a choice of payload.
+pub fn transfer_payload(
+    lab: &Lab,
+    from: Node,
+    to: Node,
+    ipv6: bool,
+    flows: u16,
+    bytes: u64,
+    payload: PayloadKind,
+) -> u64 {
     let sink_ip = match to {
         Node::Client => addr::client(ipv6),
         _ => addr::server(ipv6),
@@ -222,7 +251,7 @@ pub fn transfer(lab: &Lab, from: Node, to: Node, ipv6: bool, flows: u16, bytes: 
         bytes: Some(bytes),
         seconds: 0.0,
         congestion: None,
-        payload: PayloadKind::Random,
+        payload,
         seed: 7,
         receipt_timeout: Duration::from_secs(60),
     };

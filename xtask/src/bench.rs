@@ -6,6 +6,7 @@
 //! direction, emulator drops and CPU time per process group.
 
 use crate::chart::{Series, line_chart};
+use crate::gateway::{Fec, Settings, Totals};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
@@ -93,6 +94,10 @@ impl Mode {
 pub(crate) enum Matrix {
     /// RTT 10/50/100/200/400 ms × loss 0/0.1/1/5 % × 1 and 10 flows, at --rate-mbit.
     Default,
+    /// The wsx gateways with FEC off/adaptive × compression off/on, at 100 ms RTT and
+    /// --rate-mbit, over loss 0/1/5 % and burst loss (about 1 %, bursts of 3 on average),
+    /// with random and text payloads.
+    Fec,
 }
 
 #[derive(clap::Args, Debug)]
@@ -117,6 +122,12 @@ pub(crate) struct BenchArgs {
     /// Run over IPv6 instead of IPv4.
     #[arg(long)]
     ipv6: bool,
+    /// The gateways' forward error correction (wsx mode).
+    #[arg(long, value_enum, default_value_t = Fec::Adaptive)]
+    fec: Fec,
+    /// Turn the gateways' compression off (wsx mode).
+    #[arg(long)]
+    no_compression: bool,
     /// Run a predefined matrix instead of a single case.
     #[arg(long, value_enum)]
     matrix: Option<Matrix>,
@@ -135,6 +146,8 @@ pub(crate) struct Case {
     pub(crate) seconds: f64,
     pub(crate) payload: PayloadKind,
     pub(crate) ipv6: bool,
+    /// The gateways' settings in the wsx mode.
+    pub(crate) gateways: Settings,
 }
 
 /// The result of one case: one JSON record.
@@ -191,6 +204,48 @@ pub(crate) struct Record {
     /// The tunnel's own figures, in the tunnel modes.
     #[serde(default)]
     pub(crate) tunnel: Option<TunnelFigures>,
+    /// The gateways' settings and what they report, in the wsx mode.
+    #[serde(default)]
+    pub(crate) gateways: Option<GatewayFigures>,
+}
+
+/// The wsx mode's gateway figures, from the totals each gateway logs at stop (data flows
+/// from gw-a to gw-b).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct GatewayFigures {
+    pub(crate) fec: Fec,
+    pub(crate) compression: bool,
+    /// Tunnel packets gw-a sent with data, and those declared lost and sent again.
+    pub(crate) packets_sent: u64,
+    pub(crate) retransmitted: u64,
+    /// Losses gw-b rebuilt from parity: retransmissions avoided.
+    pub(crate) recovered: u64,
+    pub(crate) unrecoverable_groups: u64,
+    /// Parity packets per data packet.
+    pub(crate) fec_overhead: f64,
+    /// Stream bytes per session byte gw-a sent (below 1: compression gained).
+    pub(crate) wire_per_plain: f64,
+    /// CPU seconds per GB of verified payload, each gateway.
+    pub(crate) cpu_s_per_gb: [f64; 2],
+}
+
+impl GatewayFigures {
+    fn new(settings: Settings, a: &Totals, cpu_s: [f64; 2], bytes: u64) -> Self {
+        let per = |x: u64, y: u64| if y == 0 { 0.0 } else { x as f64 / y as f64 };
+        let gb = bytes as f64 / 1e9;
+        let per_gb = |s: f64| if gb > 0.0 { s / gb } else { 0.0 };
+        Self {
+            fec: settings.fec,
+            compression: settings.compression,
+            packets_sent: a.get("packets_sent"),
+            retransmitted: a.get("packets_lost"),
+            recovered: a.get("fec_recovered_by_peer"),
+            unrecoverable_groups: a.get("fec_unrecoverable_groups"),
+            fec_overhead: per(a.get("fec_parity_sent"), a.get("packets_sent")),
+            wire_per_plain: per(a.get("wire_sent"), a.get("plain_sent")),
+            cpu_s_per_gb: cpu_s.map(per_gb),
+        }
+    }
 }
 
 /// What the tunnel drivers report about a tunnel-mode case.
@@ -300,6 +355,10 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
         seconds: args.seconds,
         payload: args.payload,
         ipv6: args.ipv6,
+        gateways: Settings {
+            fec: args.fec,
+            compression: !args.no_compression,
+        },
     };
     match args.matrix {
         None => {
@@ -341,20 +400,70 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             }
             cases
         }
+        Some(Matrix::Fec) => {
+            let mut cases = Vec::new();
+            let iid = |loss_pct| WanSpec {
+                rtt_ms: 100.0,
+                loss_pct,
+                queue_ms: None,
+                ..args.wan.clone()
+            };
+            // Gilbert-Elliott: enter the lossy state with 0.34 % a packet, leave it with
+            // 33 %: bursts of 3 on average, about 1 % of packets.
+            let burst = WanSpec {
+                burst_p_pct: Some(0.34),
+                burst_r_pct: Some(33.0),
+                ..iid(0.0)
+            };
+            for wan in [iid(0.0), iid(1.0), iid(5.0), burst] {
+                for payload in [PayloadKind::Random, PayloadKind::Text] {
+                    for fec in [Fec::Off, Fec::Adaptive] {
+                        for compression in [false, true] {
+                            cases.push(Case {
+                                mode: Mode::Wsx,
+                                wan: wan.clone(),
+                                payload,
+                                gateways: Settings { fec, compression },
+                                ..base.clone()
+                            });
+                        }
+                    }
+                }
+            }
+            cases
+        }
     }
 }
 
 impl Case {
     fn describe(&self) -> String {
         format!(
-            "{} {} ms {} % {} Mbit/s {} flow(s) {} s{}",
+            "{} {} ms {} %{} {} Mbit/s {} flow(s) {} s {:?}{}{}",
             self.mode.label(),
             self.wan.rtt_ms,
             self.wan.loss_pct,
+            match (self.wan.burst_p_pct, self.wan.burst_r_pct) {
+                (Some(p), Some(r)) => format!(" burst {p}/{r} %"),
+                _ => String::new(),
+            },
             self.wan.rate_mbit,
             self.flows,
             self.seconds,
-            if self.ipv6 { " IPv6" } else { "" }
+            self.payload,
+            if self.ipv6 { " IPv6" } else { "" },
+            if self.mode == Mode::Wsx {
+                format!(
+                    " fec {} compression {}",
+                    self.gateways.fec.as_str(),
+                    if self.gateways.compression {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                )
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -364,7 +473,12 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     let lab = Lab::start(&case.wan.emulator_config())?;
     let work = tempdir(&lab)?;
     let gateways = match case.mode {
-        Mode::Wsx => Some(crate::gateway::Pair::start(&lab, &work, binary)?),
+        Mode::Wsx => Some(crate::gateway::Pair::start(
+            &lab,
+            &work,
+            binary,
+            case.gateways,
+        )?),
         _ => None,
     };
     let sink_json = work.join("sink.json");
@@ -481,8 +595,14 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     let driver_cpu =
         |r: &Option<TunnelReport>| r.as_ref().map(|t| t.driver_user_s + t.driver_sys_s);
     let (gw_a, gw_b) = match &gateway_usage {
-        Some([a, b]) => (Some(a.user_s + a.sys_s), Some(b.user_s + b.sys_s)),
+        Some([(a, _), (b, _)]) => (Some(a.user_s + a.sys_s), Some(b.user_s + b.sys_s)),
         None => (driver_cpu(&sent.tunnel), driver_cpu(&received.tunnel)),
+    };
+    let gateways = match (&gateway_usage, gw_a, gw_b) {
+        (Some([(_, totals), _]), Some(a), Some(b)) => {
+            Some(GatewayFigures::new(case.gateways, totals, [a, b], bytes))
+        }
+        _ => None,
     };
     let tunnel = match (&sent.tunnel, &received.tunnel) {
         (Some(s), Some(r)) => Some(TunnelFigures::new(s, r, bytes)),
@@ -542,7 +662,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
                 - driver_cpu(&received.tunnel).unwrap_or(0.0),
         },
         max_rss_kb: match &gateway_usage {
-            Some([a, b]) => GatewayRss {
+            Some([(a, _), (b, _)]) => GatewayRss {
                 gw_a: Some(a.max_rss_kb),
                 gw_b: Some(b.max_rss_kb),
             },
@@ -554,6 +674,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             && sink_status.success(),
         series_mbit: series,
         tunnel,
+        gateways,
     })
 }
 
@@ -616,7 +737,7 @@ pub(crate) fn jain(xs: &[f64]) -> f64 {
 impl Record {
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}",
+            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}{}",
             self.mode.label(),
             self.rtt_ms,
             self.loss_pct,
@@ -631,6 +752,14 @@ impl Record {
                 (Some(a), Some(b), None) => format!(", gateway cpu {a:.2}/{b:.2} s"),
                 _ => String::new(),
             },
+            self.gateways.as_ref().map_or(String::new(), |g| format!(
+                ", fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}",
+                g.fec.as_str(),
+                g.fec_overhead * 100.0,
+                g.recovered,
+                g.retransmitted,
+                g.wire_per_plain
+            )),
             self.tunnel.as_ref().map_or(String::new(), |t| format!(
                 ", tunnel cpu {:.2}/{:.2} s/GB, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}",
                 t.send_cpu_s_per_gb,
@@ -678,6 +807,37 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
                 (true, n) => format!("yes, but {n} emulator faults"),
             }
         );
+    }
+    let gateway_rows: Vec<(&Record, &GatewayFigures)> = records
+        .iter()
+        .filter_map(|r| Some((r, r.gateways.as_ref()?)))
+        .collect();
+    if !gateway_rows.is_empty() {
+        s += "\n| RTT ms | loss | payload | FEC | compression | goodput Mbit/s | util % | retransmitted | recovered by FEC | parity/data % | wire/plain | CPU s/GB gw-a / gw-b | verified |\n\
+              |---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+        for (r, g) in gateway_rows {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:?} | {} | {} | {:.1} | {:.1} | {} | {} | {:.1} | {:.3} | {:.1} / {:.1} | {} |",
+                r.rtt_ms,
+                match (r.burst_p_pct, r.burst_r_pct) {
+                    (Some(p), Some(q)) => format!("{} % + burst {p}/{q} %", r.loss_pct),
+                    _ => format!("{} %", r.loss_pct),
+                },
+                r.payload,
+                g.fec.as_str(),
+                if g.compression { "on" } else { "off" },
+                r.goodput_mbit,
+                r.utilization * 100.0,
+                g.retransmitted,
+                g.recovered,
+                g.fec_overhead * 100.0,
+                g.wire_per_plain,
+                g.cpu_s_per_gb[0],
+                g.cpu_s_per_gb[1],
+                if r.verified { "yes" } else { "**no**" },
+            );
+        }
     }
     s
 }
@@ -789,6 +949,8 @@ mod tests {
             seconds: 1.0,
             payload: PayloadKind::Random,
             ipv6: false,
+            fec: Fec::Adaptive,
+            no_compression: false,
             matrix: Some(Matrix::Default),
             json: None,
         };

@@ -43,6 +43,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<()> {
             seconds: args.seconds,
             payload: PayloadKind::Random,
             ipv6: false,
+            gateways: crate::gateway::Settings::default(),
         };
         println!("running {} ...", case_label(mode));
         let r = run_case(&case, &binary)?;

@@ -15,6 +15,7 @@
 //! up to a deadline and then abort the rest.
 
 use crate::addrs::{ClientAddr, OrigDstAddr, canonical};
+use crate::chunked::{Chunked, Codec};
 use crate::peers::{self, FailurePolicy, Peer, PeerConfig, PeerStatus, PrefixTable};
 use crate::relay::{self, Outcome, Side, code};
 use crate::rules::{Rules, RulesConfig, RulesError};
@@ -398,6 +399,7 @@ impl Gateway {
             info!("interception rules removed");
         }
         for entry in inner.peer_set().by_key.values() {
+            log_compression_totals(&entry.peer);
             entry.cancel.cancel();
         }
         // The cancelled tasks let go of the gateway within a few polls; then the driver can
@@ -461,6 +463,7 @@ enum Decision {
     Tunnel {
         peer: String,
         tunnel: Tunnel,
+        codec: Codec,
     },
     Bypass {
         peer: Option<String>,
@@ -599,7 +602,7 @@ impl Inner {
         let name = peer.config().name;
         let serve = self
             .clone()
-            .serve_tunnel(name.clone(), tunnel, cancel.clone());
+            .serve_tunnel(peer.clone(), tunnel, cancel.clone());
         tokio::spawn(serve.instrument(info_span!("peer", %name)));
     }
 
@@ -625,6 +628,7 @@ impl Inner {
             }
         }
         peer.remove_tunnel(tunnel);
+        log_tunnel_totals(tunnel);
     }
 
     async fn accept_tunnels(self: Arc<Self>) {
@@ -662,7 +666,7 @@ impl Inner {
     /// Serves the streams the peer opens on `tunnel`.
     async fn serve_tunnel(
         self: Arc<Self>,
-        peer: String,
+        peer: Arc<Peer>,
         tunnel: Tunnel,
         cancel: CancellationToken,
     ) {
@@ -723,6 +727,7 @@ impl Inner {
             return Decision::Tunnel {
                 peer: config.name,
                 tunnel,
+                codec: peer.codec(),
             };
         }
         let secondary = config.secondary.as_ref().and_then(|name| {
@@ -734,11 +739,15 @@ impl Inner {
                     (!c.force_bypass)
                         .then(|| e.peer.usable_tunnel(health))
                         .flatten()
-                        .map(|t| (c.name, t))
+                        .map(|t| (c.name, t, e.peer.codec()))
                 })
         });
-        if let Some((name, tunnel)) = secondary {
-            return Decision::Tunnel { peer: name, tunnel };
+        if let Some((name, tunnel, codec)) = secondary {
+            return Decision::Tunnel {
+                peer: name,
+                tunnel,
+                codec,
+            };
         }
         match config.on_failure {
             FailurePolicy::Reject => Decision::Reject { peer: config.name },
@@ -777,14 +786,18 @@ impl Inner {
                 sys::abort(tcp);
                 return;
             }
-            Decision::Tunnel { peer, tunnel } => {
+            Decision::Tunnel {
+                peer,
+                tunnel,
+                codec,
+            } => {
                 let meta = StreamMeta {
                     source: Some(client.0),
                     destination: Some(destination.0),
                     ..StreamMeta::default()
                 };
                 match tunnel.open(meta) {
-                    Ok(stream) => (Some(peer), Route::Tunnel, Some(stream)),
+                    Ok(stream) => (Some(peer), Route::Tunnel, Some(Chunked::new(stream, codec))),
                     Err(e) => {
                         debug!(error = %e, %peer, "no stream; bypassing");
                         (Some(peer), Route::Bypass, None)
@@ -834,7 +847,8 @@ impl Inner {
     }
 
     /// A stream the peer opened: connect to its destination and relay.
-    async fn inbound(self: Arc<Self>, peer: String, mut stream: Stream) {
+    async fn inbound(self: Arc<Self>, peer: Arc<Peer>, mut stream: Stream) {
+        let (codec, peer) = (peer.codec(), peer.config().name);
         let meta = stream.meta().clone();
         let (Some(source), Some(destination)) = (meta.source, meta.destination) else {
             stream.reset(code::REJECTED);
@@ -870,6 +884,7 @@ impl Inner {
                         debug!(error = %e, "tuning the server socket");
                     }
                     info!("session opened");
+                    let stream = Chunked::new(stream, codec);
                     let outcome = self.relay(&session, stream, server).await;
                     log_outcome(&session, outcome);
                 }
@@ -940,6 +955,41 @@ fn log_outcome(session: &crate::session::Session, outcome: Outcome) {
 
 /// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
 /// hours does not flood the journal.
+/// What a tunnel carried in its life, logged when it leaves service (the lab's benchmark
+/// reads it): packets, losses and FEC.
+fn log_tunnel_totals(tunnel: &Tunnel) {
+    let t = tunnel.stats();
+    info!(
+        packets_sent = t.eliciting_sent,
+        bytes_sent = t.bytes_sent,
+        packets_lost = t.packets_lost,
+        fec_parity_sent = t.fec.parity_sent,
+        fec_parity_bytes = t.fec.parity_bytes_sent,
+        fec_recovered_by_peer = t.fec.recovered_by_peer,
+        fec_recovered = t.fec.recovered,
+        fec_unrecoverable_groups = t.fec.unrecoverable_groups,
+        "tunnel totals"
+    );
+}
+
+/// What compression did for a peer's sessions since the start, logged at shutdown.
+fn log_compression_totals(peer: &Peer) {
+    let c = peer.compression();
+    info!(
+        peer = %peer.config().name,
+        plain_sent = c.plain_sent,
+        wire_sent = c.wire_sent,
+        chunks_deflated = c.chunks_deflated,
+        chunks_incompressible = c.chunks_incompressible,
+        chunks_stored = c.chunks_stored,
+        compress_ms = c.compress_time.as_millis() as u64,
+        wire_received = c.wire_received,
+        plain_received = c.plain_received,
+        inflate_ms = c.inflate_time.as_millis() as u64,
+        "compression totals"
+    );
+}
+
 fn log_failure(failures: u32, what: &str, endpoint: SocketAddr) {
     if failures <= 3 || failures % 10 == 0 {
         warn!(%endpoint, failures, "{what}");

@@ -12,6 +12,8 @@
 //! - [`addrs`]: [`ClientAddr`] and [`OrigDstAddr`], so the two are never confused.
 //! - `peers`: peer gateways, selection by longest destination prefix, health from tunnel
 //!   silence, the secondary peer.
+//! - `chunked`: session data on tunnel streams as chunks, deflated where that pays
+//!   ([`wsx_fec::compress`]), with per-peer counters ([`CompressionStats`]).
 //! - `relay`: client ↔ stream (or ↔ server, when bypassing) with bounded buffers, half-close
 //!   and reset propagation, byte counts and an idle timeout.
 //! - `session`: the table of live sessions.
@@ -20,6 +22,7 @@
 //! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
 
 pub mod addrs;
+mod chunked;
 mod gateway;
 mod peers;
 mod relay;
@@ -28,7 +31,8 @@ mod session;
 pub mod sys;
 
 pub use addrs::{ClientAddr, OrigDstAddr};
+pub use chunked::CompressionStats;
 pub use gateway::{Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig};
-pub use peers::{FailurePolicy, PeerConfig, PeerStatus};
+pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus};
 pub use relay::code as reset_code;
 pub use session::{Route, SessionInfo, SessionState};

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
 use wsx_proxy::{FailurePolicy, GatewayConfig, InterceptConfig, PeerConfig, SessionConfig};
-use wsx_tunnel::{PublicKey, SecretKey};
+use wsx_tunnel::{FecMode, PublicKey, SecretKey};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
@@ -108,6 +108,25 @@ pub(crate) struct Peer {
     pub(crate) on_failure: OnFailure,
     #[serde(default)]
     pub(crate) force_bypass: bool,
+    /// Deflate the session data sent to this peer where it pays.
+    #[serde(default = "yes")]
+    pub(crate) compression: bool,
+    #[serde(default = "default_compression_level")]
+    pub(crate) compression_level: Spanned<u32>,
+    /// Forward error correction of what is sent to this peer.
+    #[serde(default)]
+    pub(crate) fec: Fec,
+    #[serde(default = "default_fec_max_overhead")]
+    pub(crate) fec_max_overhead: Spanned<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Fec {
+    Off,
+    On,
+    #[default]
+    Adaptive,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -148,6 +167,15 @@ fn default_route_table() -> u32 {
 }
 fn default_rule_priority() -> u32 {
     InterceptConfig::default().rule_priority
+}
+fn yes() -> bool {
+    true
+}
+fn default_compression_level() -> Spanned<u32> {
+    Spanned::new(0..0, wsx_proxy::DEFAULT_COMPRESSION_LEVEL)
+}
+fn default_fec_max_overhead() -> Spanned<f64> {
+    Spanned::new(0..0, 0.25)
 }
 fn default_level() -> String {
     "info".into()
@@ -362,6 +390,27 @@ impl Loaded {
                 OnFailure::Reject => FailurePolicy::Reject,
             };
             peer.force_bypass = p.force_bypass;
+            let level = *p.compression_level.get_ref();
+            if !(1..=9).contains(&level) {
+                bail!(
+                    "{}: peer[{i}].compression_level: 1 (fastest) to 9 (smallest)",
+                    self.at(p.compression_level.span().start)
+                );
+            }
+            peer.compression = p.compression.then_some(level);
+            peer.fec = match p.fec {
+                Fec::Off => FecMode::Off,
+                Fec::On => FecMode::On,
+                Fec::Adaptive => FecMode::Adaptive,
+            };
+            let overhead = *p.fec_max_overhead.get_ref();
+            if !(overhead > 0.0 && overhead <= 1.0) {
+                bail!(
+                    "{}: peer[{i}].fec_max_overhead: above 0 and at most 1 (parity packets per data packet)",
+                    self.at(p.fec_max_overhead.span().start)
+                );
+            }
+            peer.fec_max_overhead = overhead;
             gateway.peers.push(peer);
         }
         Ok(gateway)
@@ -429,6 +478,8 @@ secondary = "dr"
 name = "dr"
 public_key = "{k2}"
 on_failure = "reject"
+compression = false
+fec = "off"
 "#
         );
         let c = parse(&text).unwrap();
@@ -445,6 +496,55 @@ on_failure = "reject"
         assert_eq!(c.peers[0].secondary.as_deref(), Some("dr"));
         assert_eq!(c.peers[0].prefixes.len(), 2);
         assert_eq!(c.peers[1].on_failure, FailurePolicy::Reject);
+        assert_eq!(
+            (c.peers[0].compression, c.peers[0].fec),
+            (Some(2), FecMode::Adaptive)
+        );
+        assert_eq!(
+            (c.peers[1].compression, c.peers[1].fec),
+            (None, FecMode::Off)
+        );
+    }
+
+    #[test]
+    fn compression_and_fec_settings_are_checked() {
+        let peer = |extra: &str| {
+            format!(
+                "[tunnel]\nprivate_key = \"{KEY_A}\"\n[[peer]]\nname = \"a\"\npublic_key = \"{}\"\n{extra}\n",
+                peer_key()
+            )
+        };
+        let c = parse(&peer(
+            "compression_level = 9\nfec = \"on\"\nfec_max_overhead = 0.1",
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                c.peers[0].compression,
+                c.peers[0].fec,
+                c.peers[0].fec_max_overhead
+            ),
+            (Some(9), FecMode::On, 0.1)
+        );
+        let e = parse(&peer("compression_level = 0"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "wsx.toml:6:21: peer[0].compression_level: 1 (fastest) to 9 (smallest)"
+        );
+        let e = parse(&peer("fec_max_overhead = 2.0"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("wsx.toml:6:20: peer[0].fec_max_overhead: above 0"),
+            "{e}"
+        );
+        let e = parse(&peer("fec = \"sometimes\"")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("wsx.toml:6:7: peer[0].fec: unknown variant"),
+            "{e}"
+        );
     }
 
     #[test]

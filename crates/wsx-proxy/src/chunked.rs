@@ -1,0 +1,464 @@
+//! Session data on a tunnel stream, in compressed chunks.
+//!
+//! Both directions of every stream between two gateways are a sequence of chunks
+//! ([`wsx_fec::compress`]): a chunk is deflated when that pays and stored when it does not,
+//! each one a fresh deflate stream, so a session carries no compression state beyond a few
+//! bytes and the buffers below. Each gateway decides for what it sends (the peer's
+//! `compression` setting), and reads whatever arrives.
+//!
+//! ```text
+//!  relay write ─> cut at 16 KiB ─> Compressor (entropy check, deflate or store) ─> out ─> stream
+//!  stream ─> header ─┬─ stored: read straight into the relay's buffer
+//!                    └─ deflated: payload ─> inflate into the relay's buffer
+//! ```
+//!
+//! Memory per session, while data moves: the encoded chunk waiting for the stream (up to
+//! 18.5 KiB: deflate is given its worst case), and a deflated payload being collected (up
+//! to 16 KiB). A stored chunk is never copied on the way in; a deflated one is inflated
+//! straight into the reader's buffer when it has room (the relay's always does), else
+//! through a third buffer of up to 16 KiB.
+
+use crate::relay::Side;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use wsx_fec::compress::{self, Compressor, Encoded, Header, MAX_CHUNK, MAX_HEADER};
+
+/// Compression counters of one peer, both directions.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    plain_sent: AtomicU64,
+    wire_sent: AtomicU64,
+    chunks_deflated: AtomicU64,
+    chunks_incompressible: AtomicU64,
+    chunks_stored: AtomicU64,
+    compress_ns: AtomicU64,
+    wire_received: AtomicU64,
+    plain_received: AtomicU64,
+    inflate_ns: AtomicU64,
+}
+
+impl Counters {
+    fn sent(&self, chunk: Encoded, took: Duration) {
+        self.plain_sent
+            .fetch_add(chunk.plain() as u64, Ordering::Relaxed);
+        self.wire_sent
+            .fetch_add(chunk.wire() as u64, Ordering::Relaxed);
+        let kind = match chunk {
+            Encoded::Deflated { .. } => &self.chunks_deflated,
+            Encoded::Incompressible { .. } => &self.chunks_incompressible,
+            Encoded::Stored { .. } => &self.chunks_stored,
+        };
+        kind.fetch_add(1, Ordering::Relaxed);
+        self.compress_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn received(&self, wire: usize, plain: usize, took: Duration) {
+        self.wire_received.fetch_add(wire as u64, Ordering::Relaxed);
+        self.plain_received
+            .fetch_add(plain as u64, Ordering::Relaxed);
+        self.inflate_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> CompressionStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CompressionStats {
+            plain_sent: get(&self.plain_sent),
+            wire_sent: get(&self.wire_sent),
+            chunks_deflated: get(&self.chunks_deflated),
+            chunks_incompressible: get(&self.chunks_incompressible),
+            chunks_stored: get(&self.chunks_stored),
+            compress_time: Duration::from_nanos(get(&self.compress_ns)),
+            wire_received: get(&self.wire_received),
+            plain_received: get(&self.plain_received),
+            inflate_time: Duration::from_nanos(get(&self.inflate_ns)),
+        }
+    }
+}
+
+/// What compression did for the streams to and from one peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct CompressionStats {
+    /// Session bytes sent, and what they took on the streams (chunk headers included).
+    pub plain_sent: u64,
+    pub wire_sent: u64,
+    /// Chunks sent deflated, stored after deflate did not pay, and stored without trying
+    /// (compression off, short, high entropy, or backing off).
+    pub chunks_deflated: u64,
+    pub chunks_incompressible: u64,
+    pub chunks_stored: u64,
+    /// CPU time spent choosing and compressing.
+    pub compress_time: Duration,
+    /// Stream bytes received, and the session bytes they gave.
+    pub wire_received: u64,
+    pub plain_received: u64,
+    /// CPU time spent decoding.
+    pub inflate_time: Duration,
+}
+
+impl CompressionStats {
+    /// Stream bytes per session byte sent (below 1 is a gain); `None` before any.
+    pub fn ratio_sent(&self) -> Option<f64> {
+        (self.plain_sent > 0).then(|| self.wire_sent as f64 / self.plain_sent as f64)
+    }
+}
+
+/// How a session's stream is coded: this gateway's level for the peer (0 stores), and the
+/// peer's counters.
+#[derive(Debug, Clone)]
+pub(crate) struct Codec {
+    pub(crate) level: u32,
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// Where the reader is in the chunk sequence.
+#[derive(Debug)]
+enum ReadState {
+    /// Collecting a header: `head[..have]`.
+    Header { have: usize },
+    /// Passing a stored payload through: bytes left.
+    Stored { left: usize },
+    /// Collecting a deflated payload into `payload`.
+    Deflated { header: Header },
+}
+
+/// A tunnel stream carrying chunks; see the module documentation.
+#[derive(Debug)]
+pub(crate) struct Chunked<S> {
+    inner: S,
+    compressor: Compressor,
+    counters: Arc<Counters>,
+    /// An encoded chunk and how much of it the stream has taken.
+    out: Vec<u8>,
+    out_at: usize,
+    head: [u8; MAX_HEADER],
+    state: ReadState,
+    payload: Vec<u8>,
+    /// Inflated bytes the reader had no room for.
+    plain: Vec<u8>,
+    plain_at: usize,
+}
+
+impl<S> Chunked<S> {
+    pub(crate) fn new(inner: S, codec: Codec) -> Self {
+        Self {
+            inner,
+            compressor: Compressor::new(codec.level),
+            counters: codec.counters,
+            out: Vec::new(),
+            out_at: 0,
+            head: [0; MAX_HEADER],
+            state: ReadState::Header { have: 0 },
+            payload: Vec::new(),
+            plain: Vec::new(),
+            plain_at: 0,
+        }
+    }
+}
+
+fn invalid(e: compress::ChunkError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+fn truncated() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        compress::ChunkError::Truncated,
+    )
+}
+
+impl<S: AsyncWrite + Unpin> Chunked<S> {
+    /// Hands the encoded chunk to the stream.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.out_at < self.out.len() {
+            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.out[self.out_at..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.out_at += n;
+        }
+        self.out.clear();
+        self.out_at = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Chunked<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        ready!(this.poll_drain(cx))?;
+        let plain = &data[..data.len().min(MAX_CHUNK)];
+        let start = Instant::now();
+        let chunk = this.compressor.encode(plain, &mut this.out);
+        this.counters.sent(chunk, start.elapsed());
+        // Start it on its way; what the stream does not take now waits for the next call.
+        if let Poll::Ready(Err(e)) = this.poll_drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(plain.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if this.plain_at < this.plain.len() {
+                let n = buf.remaining().min(this.plain.len() - this.plain_at);
+                buf.put_slice(&this.plain[this.plain_at..this.plain_at + n]);
+                this.plain_at += n;
+                if this.plain_at == this.plain.len() {
+                    this.plain.clear();
+                    this.plain_at = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            match this.state {
+                ReadState::Header { have } => {
+                    let need = match have {
+                        0 => 1,
+                        _ => Header::len_for(this.head[0]).map_err(invalid)?,
+                    };
+                    if have < need {
+                        let mut dst = ReadBuf::new(&mut this.head[have..need]);
+                        ready!(Pin::new(&mut this.inner).poll_read(cx, &mut dst))?;
+                        let n = dst.filled().len();
+                        if n == 0 {
+                            // The end of the stream is fine between chunks only.
+                            return Poll::Ready(if have == 0 { Ok(()) } else { Err(truncated()) });
+                        }
+                        this.state = ReadState::Header { have: have + n };
+                        continue;
+                    }
+                    let header = Header::parse(&this.head[..have])
+                        .map_err(invalid)?
+                        .ok_or_else(truncated)?;
+                    if header.deflated {
+                        this.payload.clear();
+                        this.payload.reserve_exact(header.wire);
+                        this.state = ReadState::Deflated { header };
+                    } else {
+                        this.counters.received(
+                            header.len + header.wire,
+                            header.wire,
+                            Duration::ZERO,
+                        );
+                        this.state = ReadState::Stored { left: header.wire };
+                    }
+                    // The header's own bytes are counted with its payload.
+                }
+                ReadState::Stored { left: 0 } => this.state = ReadState::Header { have: 0 },
+                ReadState::Stored { left } => {
+                    let room = left.min(buf.remaining());
+                    let mut dst = ReadBuf::new(buf.initialize_unfilled_to(room));
+                    ready!(Pin::new(&mut this.inner).poll_read(cx, &mut dst))?;
+                    let n = dst.filled().len();
+                    if n == 0 {
+                        return Poll::Ready(Err(truncated()));
+                    }
+                    buf.advance(n);
+                    this.state = ReadState::Stored { left: left - n };
+                    return Poll::Ready(Ok(()));
+                }
+                ReadState::Deflated { header } => {
+                    let have = this.payload.len();
+                    if have < header.wire {
+                        this.payload.resize(header.wire, 0);
+                        let mut dst = ReadBuf::new(&mut this.payload[have..]);
+                        let polled = Pin::new(&mut this.inner).poll_read(cx, &mut dst);
+                        let n = dst.filled().len();
+                        this.payload.truncate(have + n);
+                        ready!(polled)?;
+                        if n == 0 {
+                            return Poll::Ready(Err(truncated()));
+                        }
+                        continue;
+                    }
+                    let start = Instant::now();
+                    if buf.remaining() >= header.plain {
+                        let dst = buf.initialize_unfilled_to(header.plain);
+                        compress::inflate(&this.payload, dst).map_err(invalid)?;
+                        buf.advance(header.plain);
+                    } else {
+                        this.plain.resize(header.plain, 0);
+                        compress::inflate(&this.payload, &mut this.plain).map_err(invalid)?;
+                    }
+                    this.counters
+                        .received(header.len + header.wire, header.plain, start.elapsed());
+                    this.state = ReadState::Header { have: 0 };
+                    if this.plain.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<S: Side> Side for Chunked<S> {
+    fn abort(self, code: u64) {
+        self.inner.abort(code);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    impl Side for DuplexStream {
+        fn abort(self, _code: u64) {}
+    }
+
+    fn codec(level: u32) -> Codec {
+        Codec {
+            level,
+            counters: Arc::default(),
+        }
+    }
+
+    fn text(len: usize) -> Vec<u8> {
+        let words = ["alpha ", "beta ", "gamma ", "delta ", "epsilon. "];
+        let mut x = 7u32;
+        let mut out = Vec::new();
+        while out.len() < len {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            out.extend_from_slice(words[(x >> 16) as usize % words.len()].as_bytes());
+        }
+        out.truncate(len);
+        out
+    }
+
+    fn random(len: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_u64;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 32) as u8
+            })
+            .collect()
+    }
+
+    /// Writes `data` through a chunked writer into a small pipe (so writes block and resume
+    /// mid-chunk), reads it back through a chunked reader with a reader buffer of
+    /// `read_size`, and returns what arrived and the writer's counters.
+    async fn through(data: &[u8], level: u32, read_size: usize) -> (Vec<u8>, CompressionStats) {
+        let (a, b) = tokio::io::duplex(4096);
+        let sender = codec(level);
+        let counters = sender.counters.clone();
+        let mut writer = Chunked::new(a, sender);
+        let mut reader = Chunked::new(b, codec(0));
+        let data = data.to_vec();
+        let write = tokio::spawn(async move {
+            for piece in data.chunks(50_000) {
+                writer.write_all(piece).await?;
+            }
+            writer.shutdown().await
+        });
+        let mut got = Vec::new();
+        let mut buf = vec![0; read_size];
+        loop {
+            let n = reader
+                .read(&mut buf)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        write
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        (got, counters.snapshot())
+    }
+
+    #[tokio::test]
+    async fn text_random_and_mixed_streams_come_back_exactly() {
+        let mut mixed = text(100_000);
+        mixed.extend(random(100_000));
+        mixed.extend(text(30_000));
+        for data in [text(300_000), random(300_000), mixed] {
+            for read_size in [1, 100, 20_000, 65_536] {
+                let (got, _) = through(&data, 2, read_size).await;
+                assert!(got == data, "read size {read_size}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn text_shrinks_and_random_costs_under_one_percent() {
+        let data = text(1 << 20);
+        let (_, stats) = through(&data, 2, 65_536).await;
+        assert_eq!(stats.plain_sent, data.len() as u64);
+        let ratio = stats.ratio_sent().unwrap_or(1.0);
+        assert!(ratio < 0.5, "{stats:?}");
+
+        let data = random(1 << 20);
+        let (_, stats) = through(&data, 2, 65_536).await;
+        assert!(stats.wire_sent < stats.plain_sent * 101 / 100, "{stats:?}");
+        assert_eq!(stats.chunks_deflated, 0);
+
+        let (_, stats) = through(&text(100_000), 0, 65_536).await;
+        assert_eq!(stats.chunks_deflated + stats.chunks_incompressible, 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_ending_inside_a_chunk_or_carrying_garbage_is_an_error() {
+        let mut wire = Vec::new();
+        Compressor::new(2).encode(&text(5000), &mut wire);
+        for (bytes, kind) in [
+            (&wire[..wire.len() - 1], io::ErrorKind::UnexpectedEof),
+            (&wire[..2], io::ErrorKind::UnexpectedEof),
+            (&[9u8, 0, 0][..], io::ErrorKind::InvalidData),
+            (
+                &[1u8, 0, 4, 0, 8, 0xff, 0xff, 0xff, 0xff][..],
+                io::ErrorKind::InvalidData,
+            ),
+        ] {
+            let (mut a, b) = tokio::io::duplex(1 << 16);
+            a.write_all(bytes).await.unwrap_or_else(|e| panic!("{e}"));
+            drop(a);
+            let mut reader = Chunked::new(b, codec(0));
+            let mut sink = Vec::new();
+            let err = reader.read_to_end(&mut sink).await.err();
+            assert_eq!(err.map(|e| e.kind()), Some(kind), "{bytes:?}");
+        }
+    }
+}
