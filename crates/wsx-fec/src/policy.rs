@@ -154,6 +154,8 @@ const OVERFLOW_RUN: u32 = 8;
 pub struct LossMeter {
     packets: u32,
     lost: u32,
+    /// Losses of packets numbered below this are a queue's overflow (see `on_overflow`).
+    overflow_below: u64,
     rate: Option<f64>,
     last_lost: Option<u64>,
     run: u32,
@@ -165,6 +167,7 @@ impl Default for LossMeter {
         Self {
             packets: 0,
             lost: 0,
+            overflow_below: 0,
             rate: None,
             last_lost: None,
             run: 0,
@@ -176,6 +179,7 @@ impl Default for LossMeter {
 impl LossMeter {
     /// Counts packet `pn`'s fate.
     pub fn on_packet(&mut self, pn: u64, lost: bool) {
+        let lost = lost && pn >= self.overflow_below;
         self.packets += 1;
         if lost {
             self.lost += 1;
@@ -196,6 +200,15 @@ impl LossMeter {
             self.packets = 0;
             self.lost = 0;
         }
+    }
+
+    /// Congestion control judged the latest losses to be a queue overflowing (a rate the
+    /// path no longer has): losses still to be found among the packets numbered below
+    /// `sent_below` (sent before the rate came down) do not count. Overflow after a rate
+    /// drop is spread over the paced packets rather than in one run, so the run length
+    /// alone does not tell it apart.
+    pub fn on_overflow(&mut self, sent_below: u64) {
+        self.overflow_below = self.overflow_below.max(sent_below);
     }
 
     /// A run of losses ended. A run longer than [`OVERFLOW_RUN`] is a queue overflowing:
@@ -385,6 +398,31 @@ mod tests {
         let s = meter.stats();
         assert!((s.loss_rate - 0.005).abs() < 0.001, "{s:?}");
         assert!(s.mean_burst < 1.1, "{s:?}");
+    }
+
+    #[test]
+    fn overflow_losses_do_not_count() {
+        // 0.2 % random loss, then a queue overflowing: every third packet of 50,000..50,600
+        // lost. The verdict comes with the first few losses, while the rest are in flight.
+        let run = |verdict: bool| {
+            let mut meter = LossMeter::default();
+            for pn in 0..50_000u64 {
+                meter.on_packet(pn, pn % 500 == 3);
+            }
+            for pn in 50_000..50_010u64 {
+                meter.on_packet(pn, pn % 3 == 0);
+            }
+            if verdict {
+                meter.on_overflow(50_600);
+            }
+            for pn in 50_010..52_000u64 {
+                meter.on_packet(pn, pn < 50_600 && pn % 3 == 0 || pn % 500 == 3);
+            }
+            meter.stats().loss_rate
+        };
+        let (told, not_told) = (run(true), run(false));
+        assert!(told < 0.005, "{told}");
+        assert!(not_told > 0.03, "{not_told}");
     }
 
     #[test]

@@ -33,10 +33,10 @@
 //! controller skips Rapid Start and cruises at that rate from the first round; if the path has
 //! changed, the loss classifier corrects it as it would any overestimate.
 
-use super::loss_pattern::LossPattern;
+use super::loss_pattern::{Cause, LossPattern};
 use super::{
-    AckEvent, Controller, ControllerFactory, ControllerState, LossEvent, PathHint, PathParams,
-    bytes_in, rate_of, scale,
+    AckEvent, Controller, ControllerFactory, ControllerState, LossEvent, LossVerdict, PathHint,
+    PathParams, bytes_in, rate_of, scale,
 };
 use std::time::{Duration, Instant};
 
@@ -274,11 +274,14 @@ impl Controller for Adaptive {
         self.update_outputs();
     }
 
-    fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) {
+    fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) -> LossVerdict {
         self.in_flight = loss.in_flight;
         let inflation = self.inflation();
         match self.pattern.on_loss(loss.lost, self.min_rtt, inflation) {
-            None => self.random_losses += loss.lost.len() as u64,
+            None => {
+                self.random_losses += loss.lost.len() as u64;
+                LossVerdict::Random
+            }
             Some(cause) => {
                 self.congestion_events += 1;
                 self.pattern.reacted(now);
@@ -298,6 +301,10 @@ impl Controller for Adaptive {
                     }
                 }
                 self.update_outputs();
+                match cause {
+                    Cause::Inflation => LossVerdict::Overflow,
+                    Cause::Excess | Cause::Cluster => LossVerdict::Congestion,
+                }
             }
         }
     }

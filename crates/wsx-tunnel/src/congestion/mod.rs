@@ -35,8 +35,9 @@ pub trait Controller: Send + fmt::Debug {
     /// An ACK frame acknowledged new packets.
     fn on_ack(&mut self, now: Instant, ack: &AckEvent<'_>);
 
-    /// Loss detection declared packets lost (one call per ACK frame or loss timer).
-    fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>);
+    /// Loss detection declared packets lost (one call per ACK frame or loss timer); the
+    /// answer says what the controller made of them.
+    fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) -> LossVerdict;
 
     /// Nothing was acknowledged for a whole persistent-congestion period (RFC 9002 §7.6): the
     /// path may have changed entirely.
@@ -54,6 +55,22 @@ pub trait Controller: Send + fmt::Debug {
     /// What a later connection to the same peer may start from (a warm start), if the
     /// controller has learned anything worth keeping.
     fn path_hint(&self) -> Option<PathHint>;
+}
+
+/// What a controller made of a loss event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossVerdict {
+    /// The line's own loss: the rate stands (or the episode was already answered).
+    Random,
+    /// Congestion with a full queue's unmistakable mark, losses while the RTT stood well
+    /// above its floor: these losses, and those still to be found among the packets in
+    /// flight, are overflow, not the line's.
+    Overflow,
+    /// Congestion judged another way (more loss than the line's rate explains, clustered
+    /// losses, or any loss to a loss-based controller): possibly the line's own bursts,
+    /// which a burst-loss line produces in numbers a binomial does not expect.
+    Congestion,
 }
 
 /// Builds a controller per connection. Held in the transport configuration.

@@ -3,8 +3,8 @@
 //! traffic that expects TCP-like behaviour.
 
 use super::{
-    AckEvent, Controller, ControllerFactory, ControllerState, LossEvent, PathHint, PathParams,
-    rate_of, scale,
+    AckEvent, Controller, ControllerFactory, ControllerState, LossEvent, LossVerdict, PathHint,
+    PathParams, rate_of, scale,
 };
 use std::time::Instant;
 
@@ -81,13 +81,13 @@ impl Controller for NewReno {
         }
     }
 
-    fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) {
+    fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) -> LossVerdict {
         let Some(last) = loss.lost.last() else {
-            return;
+            return LossVerdict::Random;
         };
         if self.recovery_start.is_some_and(|start| last.sent <= start) {
             self.random_losses += loss.lost.len() as u64;
-            return;
+            return LossVerdict::Random;
         }
         self.recovery_start = Some(now);
         self.congestion_events += 1;
@@ -95,6 +95,8 @@ impl Controller for NewReno {
             scale(self.window, LOSS_REDUCTION).max(MIN_WINDOW_PACKETS * self.max_datagram);
         self.ssthresh = self.window;
         self.acked_since_increase = 0;
+        // Every loss is congestion to NewReno; it cannot tell a full queue from a bad line.
+        LossVerdict::Congestion
     }
 
     fn on_persistent_congestion(&mut self, now: Instant) {

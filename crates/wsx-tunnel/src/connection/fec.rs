@@ -275,6 +275,12 @@ impl Fec {
         self.meter.on_packet(pn, lost);
     }
 
+    /// Congestion control took the latest losses for a queue overflowing: see
+    /// [`LossMeter::on_overflow`].
+    pub(super) fn on_overflow(&mut self, sent_below: u64) {
+        self.meter.on_overflow(sent_below);
+    }
+
     pub(super) fn on_peer_recovered(&mut self) {
         self.stats.recovered_by_peer += 1;
     }

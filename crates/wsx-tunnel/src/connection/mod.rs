@@ -29,8 +29,8 @@ pub(crate) mod params;
 use crate::coding::{Reader, Writer};
 use crate::config::{FecMode, TransportConfig};
 use crate::congestion::{
-    AckEvent, Controller, ControllerState, DeliveryRate, LossEvent, LostPacket, PacketSnapshot,
-    PathHint, PathParams,
+    AckEvent, Controller, ControllerState, DeliveryRate, LossEvent, LossVerdict, LostPacket,
+    PacketSnapshot, PathHint, PathParams,
 };
 use crate::crypto::{self, Keys, PublicKey, SecretKey, TAG_LEN};
 use crate::frame::{self, Frame, Frames};
@@ -1227,7 +1227,7 @@ impl Connection {
             return;
         }
         if let Some(controller) = &mut self.controller {
-            controller.on_loss(
+            let verdict = controller.on_loss(
                 now,
                 &LossEvent {
                     lost: &self.lost_scratch,
@@ -1235,6 +1235,13 @@ impl Connection {
                     rtt: &self.rtt,
                 },
             );
+            // A queue overflowing is not the path's own loss: FEC must not buy parity
+            // against it. (Clustered losses may be the line's bursts, which FEC is for.)
+            if verdict == LossVerdict::Overflow {
+                if let Some(fec) = &mut self.fec {
+                    fec.on_overflow(self.next_pn);
+                }
+            }
         }
         self.lost_scratch.clear();
     }

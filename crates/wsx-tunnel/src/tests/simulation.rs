@@ -173,10 +173,10 @@ fn a_warm_start_reaches_90_percent_within_three_round_trips() {
 /// loss rate falls below 3 % within two round trips.
 #[test]
 fn when_the_bottleneck_halves_loss_settles_within_two_round_trips() {
-    // The controller's reaction alone: FEC off. (With adaptive FEC the overflow losses that
-    // are not contiguous also raise the parity for a second or so; see fec.rs's tests.)
+    // With adaptive FEC, as deployed: the overflow's losses are the controller's verdict,
+    // not the path's loss rate, so they buy no parity that would crowd out the data.
     let config = TransportConfig {
-        fec: FecMode::Off,
+        fec: FecMode::Adaptive,
         ..TransportConfig::default()
     };
     let mut pair = pair_with(LinkConfig::new(RTT, 100).with_loss(0.001), 7, config);
