@@ -90,15 +90,17 @@ impl WanSpec {
             rate_kbit: (self.rate_mbit * 1000.0).round() as u64,
             queue: QueueLimit::Ms(self.queue_ms()),
             loss_pct: self.loss_pct,
+            burst: self.burst(),
             ..LinkParams::default()
         };
-        let reverse_loss = match self.loss_dir {
-            LossDirection::Both => self.loss_pct,
-            LossDirection::Forward => 0.0,
+        let (reverse_loss, reverse_burst) = match self.loss_dir {
+            LossDirection::Both => (self.loss_pct, self.burst()),
+            LossDirection::Forward => (0.0, None),
         };
         EmulatorConfig {
             b_to_a: LinkParams {
                 loss_pct: reverse_loss,
+                burst: reverse_burst,
                 ..one_way.clone()
             },
             a_to_b: one_way,
@@ -123,6 +125,18 @@ mod tests {
         assert_eq!(c.a_to_b.delay_us + c.b_to_a.delay_us, 100_000);
         assert_eq!((c.a_to_b.loss_pct, c.b_to_a.loss_pct), (1.0, 0.0));
         assert_eq!(c.a_to_b.rate_kbit, 100_000);
+        assert_eq!((c.a_to_b.burst, c.b_to_a.burst), (None, None));
+        let bursty = WanSpec {
+            burst_p_pct: Some(0.5),
+            burst_r_pct: Some(30.0),
+            ..spec.clone()
+        }
+        .emulator_config();
+        assert_eq!(
+            bursty.a_to_b.burst.map(|b| (b.p_pct, b.r_pct)),
+            Some((0.5, 30.0))
+        );
+        assert_eq!(bursty.b_to_a.burst, None, "forward only, like the loss");
         assert_eq!(spec.queue_ms(), 100.0);
         assert_eq!(
             WanSpec {
