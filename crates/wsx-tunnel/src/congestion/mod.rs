@@ -127,7 +127,9 @@ pub struct AckEvent<'a> {
     /// Bytes in flight after these packets left the count.
     pub in_flight: u64,
     pub rtt: &'a RttEstimator,
-    /// The RTT sample this ACK produced (when its largest packet was newly acknowledged).
+    /// The RTT sample this ACK produced (when its largest packet was newly acknowledged),
+    /// less the time the peer says it held the ACK (bounded by its `max_ack_delay`, never
+    /// below the minimum RTT).
     pub rtt_sample: Option<Duration>,
     /// The delivery-rate sample this ACK produced.
     pub rate: Option<RateSample>,

@@ -1142,6 +1142,14 @@ impl Connection {
             let delay = Duration::from_micros(ack.delay_us).min(self.peer_max_ack_delay());
             self.rtt.update(sample, delay);
         }
+        // The controller reads queueing from RTT samples, and the time the peer held this ACK
+        // is not queueing: with a few packets in flight a receiver holds ACKs up to its
+        // max_ack_delay, as much as a quarter of the RTT, which once read as a full queue.
+        // (Subtracted as RttEstimator does: never below the minimum.)
+        let rtt_sample = rtt_sample.map(|sample| {
+            let delay = Duration::from_micros(ack.delay_us).min(self.peer_max_ack_delay());
+            sample.saturating_sub(delay).max(self.rtt.min().min(sample))
+        });
         self.pto_count = 0;
         self.detect_lost(now);
         if !self.recovered_scratch.is_empty() {

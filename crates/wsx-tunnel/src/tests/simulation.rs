@@ -102,6 +102,41 @@ fn first_rtt_at_90_percent(transfers: &Transfers) -> usize {
         .expect("never reached 90 %")
 }
 
+/// A lossy start is not taken for a full queue. While only a few packets are in flight the
+/// receiver holds its ACKs up to `max_ack_delay` (25 ms, a quarter of this RTT), so raw RTT
+/// samples stand that much above the floor; a random loss in such a round once ended Rapid
+/// Start at a fraction of a Mbit/s, and Optimal took some twenty seconds to probe its way
+/// up (the gateways' "intermittent slow start" at 1 and 5 % loss).
+#[test]
+fn random_loss_at_the_start_does_not_end_rapid_start() {
+    // As in the gateways: the tunnel idles on keepalive PINGs (each one ACKed only after
+    // max_ack_delay) before the first session arrives.
+    let config = TransportConfig {
+        keepalive: Duration::from_millis(500),
+        ..TransportConfig::default()
+    };
+    for seed in 0..12 {
+        for loss in [0.01, 0.05] {
+            let link = LinkConfig::new(RTT, 100).with_loss(loss);
+            let mut pair = pair_with(link, 100 + seed, config.clone());
+            let idle_until = pair.now + Duration::from_secs(3);
+            pair.run_until(Duration::from_secs(4), |pair| pair.now >= idle_until);
+            let mut transfers = Transfers::new(0);
+            transfers.start(&mut pair, 1 << 40);
+            run_for(&mut pair, &mut transfers, Duration::from_secs(4));
+            let first = transfers
+                .delivered
+                .iter()
+                .position(|&b| b as f64 >= 0.8 * RATE as f64 * 0.1);
+            assert!(
+                first.is_some_and(|f| f < 20),
+                "seed {seed}, loss {loss}: first bucket at 80 %: {first:?}: {:?}",
+                &transfers.delivered[..20.min(transfers.delivered.len())]
+            );
+        }
+    }
+}
+
 /// From a cold start, the delivery rate reaches 90 % of the bottleneck within 10 RTTs of the
 /// first byte.
 #[test]
@@ -472,5 +507,91 @@ fn a_handshake_lost_to_a_burst_is_retried() {
     assert!(
         pair.now - pair.epoch > Duration::from_secs(31),
         "the first attempt gave up"
+    );
+}
+
+/// A controller that records the RTT samples it is given, for the test below.
+#[derive(Debug, Default)]
+struct RecordSamples(std::sync::Mutex<Vec<Duration>>);
+
+#[derive(Debug)]
+struct Recorder {
+    inner: Box<dyn crate::Controller>,
+    log: std::sync::Arc<RecordSamples>,
+}
+
+impl crate::congestion::ControllerFactory for std::sync::Arc<RecordSamples> {
+    fn build(
+        &self,
+        now: std::time::Instant,
+        params: &crate::congestion::PathParams,
+    ) -> Box<dyn crate::Controller> {
+        let inner = crate::congestion::ControllerFactory::build(
+            &crate::congestion::AdaptiveConfig::default(),
+            now,
+            params,
+        );
+        Box::new(Recorder {
+            inner,
+            log: self.clone(),
+        })
+    }
+}
+
+impl crate::Controller for Recorder {
+    fn on_sent(&mut self, now: std::time::Instant, bytes: u64, in_flight: u64) {
+        self.inner.on_sent(now, bytes, in_flight);
+    }
+    fn on_ack(&mut self, now: std::time::Instant, ack: &crate::congestion::AckEvent<'_>) {
+        if let (Some(sample), Ok(mut log)) = (ack.rtt_sample, self.log.0.lock()) {
+            log.push(sample);
+        }
+        self.inner.on_ack(now, ack);
+    }
+    fn on_loss(
+        &mut self,
+        now: std::time::Instant,
+        loss: &crate::congestion::LossEvent<'_>,
+    ) -> crate::LossVerdict {
+        self.inner.on_loss(now, loss)
+    }
+    fn on_persistent_congestion(&mut self, now: std::time::Instant) {
+        self.inner.on_persistent_congestion(now);
+    }
+    fn window(&self) -> u64 {
+        self.inner.window()
+    }
+    fn pacing_rate(&self) -> u64 {
+        self.inner.pacing_rate()
+    }
+    fn state(&self) -> crate::congestion::ControllerState {
+        self.inner.state()
+    }
+    fn path_hint(&self) -> Option<crate::PathHint> {
+        self.inner.path_hint()
+    }
+}
+
+/// The RTT samples the controller judges queueing by exclude the time the peer held its
+/// ACK: an idle tunnel's keepalive PINGs are acknowledged only after `max_ack_delay` (25 ms,
+/// a quarter of this RTT, the Rapid Start threshold), and those samples once read as a full
+/// queue when the first session's first loss came (the gateways' intermittent slow start).
+#[test]
+fn rtt_samples_for_the_controller_leave_out_the_ack_delay() {
+    let log = std::sync::Arc::new(RecordSamples::default());
+    let config = TransportConfig {
+        keepalive: Duration::from_millis(200),
+        congestion: crate::CongestionControl::Custom(std::sync::Arc::new(log.clone())),
+        ..TransportConfig::default()
+    };
+    let mut pair = pair_with(LinkConfig::new(RTT, 100), 30, config);
+    let until = pair.now + Duration::from_secs(3);
+    pair.run_until(Duration::from_secs(4), |pair| pair.now >= until);
+    let samples = log.0.lock().map(|l| l.clone()).unwrap_or_default();
+    assert!(samples.len() >= 10, "{} samples", samples.len());
+    let worst = samples.iter().max().copied().unwrap_or_default();
+    assert!(
+        worst < RTT + 5 * MS,
+        "a sample of {worst:?} on an idle {RTT:?} path"
     );
 }
