@@ -20,8 +20,8 @@
 //!   the chunk (a few microseconds) stores data near 8 bits per byte without trying, and a
 //!   chunk that did not shrink by [`MIN_SAVING`] makes the stream skip compression for the
 //!   next 1, 2, 4, ... 64 chunks before trying again. Stored chunks cost 3 bytes in 16 KiB.
-//! - **Hostile input**: [`decode`] checks the declared lengths before touching the payload,
-//!   and a deflated chunk must produce exactly its declared length.
+//! - **Hostile input**: [`Header::parse`] checks the declared lengths before the payload is
+//!   read, and [`inflate`] requires a deflated chunk to produce exactly its declared length.
 
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
 use std::cell::RefCell;
@@ -251,11 +251,7 @@ impl Header {
         let Some(&kind) = bytes.first() else {
             return Ok(None);
         };
-        let len = match kind {
-            KIND_STORED => 3,
-            KIND_DEFLATE => 5,
-            _ => return Err(ChunkError::Kind(kind)),
-        };
+        let len = Self::len_for(kind)?;
         let Some(bytes) = bytes.get(..len) else {
             return Ok(None);
         };

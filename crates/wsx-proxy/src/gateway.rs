@@ -953,8 +953,6 @@ fn log_outcome(session: &crate::session::Session, outcome: Outcome) {
     session.set_state(SessionState::HalfClosed);
 }
 
-/// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
-/// hours does not flood the journal.
 /// What a tunnel carried in its life, logged when it leaves service (the lab's benchmark
 /// reads it): packets, losses and FEC.
 fn log_tunnel_totals(tunnel: &Tunnel) {
@@ -990,6 +988,8 @@ fn log_compression_totals(peer: &Peer) {
     );
 }
 
+/// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
+/// hours does not flood the journal.
 fn log_failure(failures: u32, what: &str, endpoint: SocketAddr) {
     if failures <= 3 || failures % 10 == 0 {
         warn!(%endpoint, failures, "{what}");

@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use wsx_tunnel::driver::Tunnel;
-use wsx_tunnel::{FecMode, FecStats, PublicKey};
+use wsx_tunnel::{FecMode, FecStats, PublicKey, TransportConfig};
 
 /// What to do with new connections for a peer that is down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -73,7 +73,7 @@ impl PeerConfig {
             force_bypass: false,
             compression: Some(DEFAULT_COMPRESSION_LEVEL),
             fec: FecMode::default(),
-            fec_max_overhead: 0.25,
+            fec_max_overhead: TransportConfig::default().fec_max_overhead,
         }
     }
 }

@@ -175,7 +175,10 @@ fn default_compression_level() -> Spanned<u32> {
     Spanned::new(0..0, wsx_proxy::DEFAULT_COMPRESSION_LEVEL)
 }
 fn default_fec_max_overhead() -> Spanned<f64> {
-    Spanned::new(0..0, 0.25)
+    Spanned::new(
+        0..0,
+        wsx_tunnel::TransportConfig::default().fec_max_overhead,
+    )
 }
 fn default_level() -> String {
     "info".into()
