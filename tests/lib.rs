@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -210,6 +210,16 @@ impl Drop for Daemon {
     }
 }
 
+/// A TCP listener on an ephemeral port of `ip` in `node`, and its address.
+pub fn listen(lab: &Lab, node: Node, ip: IpAddr) -> (TcpListener, SocketAddr) {
+    let listener = lab
+        .run_in(node, move || TcpListener::bind(SocketAddr::new(ip, 0)))
+        .unwrap()
+        .unwrap();
+    let address = listener.local_addr().unwrap();
+    (listener, address)
+}
+
 /// Sends `flows` × `bytes` of random data from `from` to a sink in `to`, over IPv6 or IPv4;
 /// returns the verified byte count.
 pub fn transfer(lab: &Lab, from: Node, to: Node, ipv6: bool, flows: u16, bytes: u64) -> u64 {
@@ -230,11 +240,7 @@ pub fn transfer_payload(
         Node::Client => addr::client(ipv6),
         _ => addr::server(ipv6),
     };
-    let listener = lab
-        .run_in(to, move || TcpListener::bind(SocketAddr::new(sink_ip, 0)))
-        .unwrap()
-        .unwrap();
-    let target = listener.local_addr().unwrap();
+    let (listener, target) = listen(lab, to, sink_ip);
     let sink: JoinHandle<traffic::SinkReport> = std::thread::spawn(move || {
         traffic::sink(
             &listener,

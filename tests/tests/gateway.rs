@@ -7,11 +7,11 @@
 
 use std::hash::{DefaultHasher, Hasher};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use wsx_e2e::{Daemon, assert_no_rules, toml_list, transfer, transfer_payload};
+use wsx_e2e::{Daemon, assert_no_rules, listen, toml_list, transfer, transfer_payload};
 use wsx_lab::traffic::PayloadKind;
 use wsx_lab::{Lab, Node, addr};
 use wsx_tunnel::SecretKey;
@@ -123,14 +123,7 @@ fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
 /// crossed), answers with the request's hash and a body, and closes; the client reads to
 /// the end. Returns the client address the server saw.
 fn half_close_exchange(lab: &Lab, ipv6: bool) -> SocketAddr {
-    let server_ip = addr::server(ipv6);
-    let listener = lab
-        .run_in(Node::Server, move || {
-            TcpListener::bind(SocketAddr::new(server_ip, 0))
-        })
-        .unwrap()
-        .unwrap();
-    let target = listener.local_addr().unwrap();
+    let (listener, target) = listen(lab, Node::Server, addr::server(ipv6));
     let request = pseudo_random(3_000_000, 11);
     let body = pseudo_random(2_000_000, 12);
     let expected_body = body.clone();
@@ -391,13 +384,7 @@ fn a_reload_changes_prefixes_and_keeps_live_sessions() {
     assert_eq!(gw_a.sessions("tunnel"), 0, "IPv6 was not intercepted");
     // A session that lives through the reload.
     let live = {
-        let listener = lab
-            .run_in(Node::Server, move || {
-                TcpListener::bind(SocketAddr::new(addr::server(false), 0))
-            })
-            .unwrap()
-            .unwrap();
-        let target = listener.local_addr().unwrap();
+        let (listener, target) = listen(&lab, Node::Server, addr::server(false));
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             let mut got = Vec::new();
@@ -509,13 +496,7 @@ fn a_slow_server_does_not_grow_the_gateways_memory() {
     let (lab, dir) = lab();
     let (gw_a, gw_b) = gateways(&lab, &dir);
     let baseline = (gw_a.max_rss_kb(), gw_b.max_rss_kb());
-    let listener = lab
-        .run_in(Node::Server, move || {
-            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
-        })
-        .unwrap()
-        .unwrap();
-    let target = listener.local_addr().unwrap();
+    let (listener, target) = listen(&lab, Node::Server, addr::server(false));
     // The server reads 64 KiB every 50 ms (~10 Mbit/s) for 8 s while the client offers
     // 200 MB as fast as it can.
     let server = std::thread::spawn(move || {

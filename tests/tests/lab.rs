@@ -5,7 +5,7 @@
 // Test code: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -22,12 +22,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// Starts a verifying sink for `flows` connections on the server; returns its address and the
 /// thread that will return its report.
 fn start_sink(lab: &Lab, ipv6: bool, flows: u16) -> (SocketAddr, JoinHandle<traffic::SinkReport>) {
-    let listen = SocketAddr::new(addr::server(ipv6), 0);
-    let listener = lab
-        .run_in(Node::Server, move || TcpListener::bind(listen))
-        .unwrap()
-        .unwrap();
-    let target = listener.local_addr().unwrap();
+    let (listener, target) = wsx_e2e::listen(lab, Node::Server, addr::server(ipv6));
     let options = SinkOptions {
         flows,
         idle_timeout: Duration::from_secs(30),
