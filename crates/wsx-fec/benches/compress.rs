@@ -1,6 +1,6 @@
 //! Chunked deflate: the two Rust backends (flate2 on zlib-rs, which the crate uses, and
-//! miniz_oxide, flate2's default) at levels 1, 2 and 6 on 16 KiB chunks of text, and the
-//! crate's whole chunk path (entropy check, deflate or store, back-off) on text and on
+//! miniz_oxide, flate2's default) at levels 1, 2 and 6 on 16 KiB chunks of the lab's text
+//! payload, and the crate's whole chunk path (entropy check, deflate or store, back-off) on text and on
 //! random data. Ratios (compressed/plain) are printed once per case.
 //! `cargo bench -p wsx-fec --bench compress`; figures in BENCHMARKS.md.
 
@@ -11,107 +11,15 @@ use flate2::{Compress, Compression, FlushCompress};
 use std::hint::black_box;
 use std::time::Duration;
 use wsx_fec::compress::{Compressor, MAX_CHUNK, decode_all};
+use wsx_lab::traffic::{Payload, PayloadKind};
 
 const TOTAL: usize = 1 << 20;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-/// Text like the lab's `--payload text`: words of a fixed vocabulary, sentences of six or
-/// more words.
-fn text(len: usize) -> Vec<u8> {
-    const WORDS: &[&str] = &[
-        "the",
-        "of",
-        "and",
-        "to",
-        "a",
-        "in",
-        "is",
-        "it",
-        "that",
-        "for",
-        "on",
-        "was",
-        "with",
-        "as",
-        "be",
-        "at",
-        "by",
-        "this",
-        "from",
-        "or",
-        "an",
-        "are",
-        "not",
-        "but",
-        "which",
-        "have",
-        "has",
-        "were",
-        "their",
-        "all",
-        "one",
-        "when",
-        "there",
-        "can",
-        "more",
-        "been",
-        "other",
-        "its",
-        "into",
-        "than",
-        "time",
-        "only",
-        "some",
-        "two",
-        "may",
-        "then",
-        "first",
-        "any",
-        "over",
-        "such",
-        "packet",
-        "network",
-        "server",
-        "client",
-        "stream",
-        "tunnel",
-        "latency",
-        "gateway",
-        "window",
-        "bandwidth",
-        "congestion",
-        "retransmission",
-    ];
-    let mut rng = Rng(0x5eed);
-    let mut out = Vec::with_capacity(len + 32);
-    let mut words = 0;
-    while out.len() < len {
-        out.extend_from_slice(WORDS[(rng.next() % WORDS.len() as u64) as usize].as_bytes());
-        words += 1;
-        if words >= 6 && rng.next() % 256 < 40 {
-            words = 0;
-            out.extend_from_slice(b". ");
-        } else {
-            out.push(b' ');
-        }
-    }
-    out.truncate(len);
+/// `len` bytes of the lab's payload of `kind` (`--payload text` or `random`).
+fn payload(kind: PayloadKind, len: usize) -> Vec<u8> {
+    let mut out = vec![0; len];
+    Payload::new(kind, 0x5eed, 0).fill(&mut out);
     out
-}
-
-fn random(len: usize) -> Vec<u8> {
-    let mut rng = Rng(0x1234_5678);
-    (0..len).map(|_| rng.next() as u8).collect()
 }
 
 fn zlib_rs(engine: &mut Compress, chunk: &[u8], out: &mut [u8]) -> usize {
@@ -125,7 +33,7 @@ fn miniz(level: u8, chunk: &[u8]) -> usize {
 }
 
 fn backends(c: &mut Criterion) {
-    let data = text(TOTAL);
+    let data = payload(PayloadKind::Text, TOTAL);
     let mut group = c.benchmark_group("deflate_16k_text");
     group.throughput(Throughput::Bytes(TOTAL as u64));
     let mut out = vec![0u8; MAX_CHUNK * 2];
@@ -173,7 +81,10 @@ fn backends(c: &mut Criterion) {
 fn chunk_path(c: &mut Criterion) {
     let mut group = c.benchmark_group("chunks");
     group.throughput(Throughput::Bytes(TOTAL as u64));
-    for (name, data) in [("text", text(TOTAL)), ("random", random(TOTAL))] {
+    for (name, data) in [
+        ("text", payload(PayloadKind::Text, TOTAL)),
+        ("random", payload(PayloadKind::Random, TOTAL)),
+    ] {
         for level in [1, 6] {
             let mut wire = Vec::with_capacity(TOTAL * 2);
             let mut compressor = Compressor::new(level);

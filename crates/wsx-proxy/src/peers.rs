@@ -56,9 +56,9 @@ pub struct PeerConfig {
     pub fec_max_overhead: f64,
 }
 
-/// The default deflate level: level 2 compresses text to a third at about 190 MiB/s a
-/// core, where level 1 (a fixed Huffman table in zlib-rs) leaves it at 46 % and level 6
-/// gains 3 % more for less than half the speed (BENCHMARKS.md).
+/// The default deflate level: level 2 compresses text to a third at about 200 MiB/s a
+/// core, where level 1 (a fixed Huffman table in zlib-rs) leaves it at 44 % and level 6
+/// gains 4 % more at half the speed (BENCHMARKS.md).
 pub const DEFAULT_COMPRESSION_LEVEL: u32 = 2;
 
 impl PeerConfig {
