@@ -17,8 +17,8 @@ impl Shape {
         usize::from(self.k) * usize::from(self.depth)
     }
 
-    /// Whether the shape is one the codec takes: `1 ≤ k ≤ 64`, `1 ≤ m ≤ k`,
-    /// `1 ≤ depth`, `k · depth ≤ 256`.
+    /// Whether the shape is one the codec takes: `1 ≤ k ≤ 255`, `1 ≤ m ≤ k`,
+    /// `1 ≤ depth`, `k · depth ≤ 512`.
     pub fn is_valid(&self) -> bool {
         (1..=MAX_K).contains(&self.k)
             && (1..=self.k).contains(&self.m)
@@ -176,19 +176,18 @@ mod tests {
         info.emit(&mut wire);
         assert_eq!(ParityInfo::parse(&wire), Ok(info));
         assert_eq!(ParityInfo::parse(&wire[..14]), Err(ParityInfoError));
-        for (at, value) in [
-            (10, 0),
-            (10, 65),
-            (11, 0),
-            (11, 5),
-            (12, 0),
-            (13, 2),
-            (14, 2),
-        ] {
+        for (at, value) in [(10, 0), (11, 0), (11, 5), (12, 0), (13, 2), (14, 2)] {
             let mut bad = wire;
             bad[at] = value;
             assert_eq!(ParityInfo::parse(&bad), Err(ParityInfoError), "byte {at}");
         }
+        let mut bad = wire;
+        (bad[10], bad[12]) = (255, 3);
+        assert_eq!(
+            ParityInfo::parse(&bad),
+            Err(ParityInfoError),
+            "k·depth > 512"
+        );
         let mut bad = wire;
         bad[8..10].copy_from_slice(&9u16.to_be_bytes());
         assert_eq!(

@@ -37,7 +37,7 @@ pub use encoder::{Encoder, EncoderStats};
 pub const LEN_PREFIX: usize = 2;
 
 /// The most packets one block covers (`k · depth`); the decoder keeps this many and more.
-pub const MAX_BLOCK: usize = 256;
+pub const MAX_BLOCK: usize = 512;
 
-/// The largest group (`k`).
-pub const MAX_K: u8 = 64;
+/// The largest group (`k`): the most the one-byte field of the parity description holds.
+pub const MAX_K: u8 = u8::MAX;

@@ -119,6 +119,7 @@ pub struct Adaptive {
     pattern: LossPattern,
     congestion_events: u64,
     random_losses: u64,
+    losses: u64,
 }
 
 impl Adaptive {
@@ -149,6 +150,7 @@ impl Adaptive {
             pattern: LossPattern::new(),
             congestion_events: 0,
             random_losses: 0,
+            losses: 0,
         };
         if let Some(hint) = params.hint {
             this.bottleneck.reset(0, hint.rate);
@@ -275,6 +277,7 @@ impl Controller for Adaptive {
     }
 
     fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) -> LossVerdict {
+        self.losses += loss.lost.len() as u64;
         self.in_flight = loss.in_flight;
         let inflation = self.inflation();
         match self.pattern.on_loss(loss.lost, self.min_rtt, inflation) {
@@ -340,6 +343,7 @@ impl Controller for Adaptive {
             bottleneck_rate: self.bottleneck.get(),
             congestion_events: self.congestion_events,
             random_losses: self.random_losses,
+            losses: self.losses,
         }
     }
 

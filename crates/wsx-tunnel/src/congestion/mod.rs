@@ -116,6 +116,9 @@ pub struct ControllerState {
     pub congestion_events: u64,
     /// Lost packets judged random, which did not.
     pub random_losses: u64,
+    /// Every lost packet the controller was told of (retransmitted or rebuilt by FEC),
+    /// whatever its verdict.
+    pub losses: u64,
 }
 
 /// One ACK frame's worth of newly acknowledged packets.

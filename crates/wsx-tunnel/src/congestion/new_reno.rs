@@ -48,6 +48,7 @@ pub struct NewReno {
     smoothed_rtt: std::time::Duration,
     congestion_events: u64,
     random_losses: u64,
+    losses: u64,
 }
 
 impl NewReno {
@@ -61,6 +62,7 @@ impl NewReno {
             smoothed_rtt: params.initial_rtt,
             congestion_events: 0,
             random_losses: 0,
+            losses: 0,
         }
     }
 }
@@ -82,6 +84,7 @@ impl Controller for NewReno {
     }
 
     fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) -> LossVerdict {
+        self.losses += loss.lost.len() as u64;
         let Some(last) = loss.lost.last() else {
             return LossVerdict::Random;
         };
@@ -124,6 +127,7 @@ impl Controller for NewReno {
             bottleneck_rate: 0,
             congestion_events: self.congestion_events,
             random_losses: self.random_losses,
+            losses: self.losses,
         }
     }
 
