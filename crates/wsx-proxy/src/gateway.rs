@@ -19,7 +19,7 @@ use crate::chunked::{Chunked, Codec};
 use crate::peers::{self, FailurePolicy, Peer, PeerConfig, PeerStatus, PrefixTable};
 use crate::relay::{self, Outcome, Side, code};
 use crate::rules::{Rules, RulesConfig, RulesError};
-use crate::session::{Route, SessionInfo, SessionState, Sessions};
+use crate::session::{Ending, GatewayTotals, Route, SessionInfo, SessionState, Sessions};
 use crate::sys::{self, LanSocketOptions};
 use std::collections::HashMap;
 use std::io;
@@ -337,6 +337,36 @@ impl Gateway {
 
     pub fn sessions(&self) -> Vec<SessionInfo> {
         self.inner.sessions.snapshot(Instant::now())
+    }
+
+    /// One live session.
+    pub fn session(&self, id: u64) -> Option<SessionInfo> {
+        self.inner.sessions.get(id, Instant::now())
+    }
+
+    /// Ends a live session now: the client and the server (or the peer's stream) are reset.
+    /// Returns false if there is no such session.
+    pub fn kill_session(&self, id: u64) -> bool {
+        self.inner.sessions.kill(id)
+    }
+
+    /// What the gateway did since it started.
+    pub fn totals(&self) -> GatewayTotals {
+        self.inner.sessions.totals.snapshot(Instant::now())
+    }
+
+    /// Forces new sessions toward a peer's prefixes to go direct (`true`) or lets them use
+    /// the tunnel again (`false`), until the next reload sets the configured value. Returns
+    /// false if no peer has that name.
+    pub fn set_bypass(&self, name: &str, force: bool) -> bool {
+        let set = self.inner.peer_set();
+        let Some(entry) = set.by_key.values().find(|e| e.peer.config().name == name) else {
+            return false;
+        };
+        let mut config = entry.peer.config();
+        config.force_bypass = force;
+        entry.peer.set_config(config);
+        true
     }
 
     pub fn peers(&self) -> Vec<PeerStatus> {
@@ -775,6 +805,7 @@ impl Inner {
         let mut decision = self.decide(destination);
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
+            self.sessions.totals.count(Ending::RefusedLimit);
             decision = Decision::Bypass {
                 peer: None,
                 reason: "session limit reached",
@@ -783,6 +814,7 @@ impl Inner {
         let (peer, route, stream) = match decision {
             Decision::Reject { peer } => {
                 info!(%client, %destination, %peer, "peer down; connection rejected");
+                self.sessions.totals.count(Ending::RefusedPeerDown);
                 sys::abort(tcp);
                 return;
             }
@@ -809,9 +841,14 @@ impl Inner {
                 (peer, Route::Bypass, None)
             }
         };
-        let session =
-            self.sessions
-                .register(Instant::now(), client, destination, peer.clone(), route);
+        let session = self.sessions.register(
+            Instant::now(),
+            client,
+            destination,
+            peer.clone(),
+            route,
+            self.kill.child_token(),
+        );
         let span = info_span!("session", id = session.id, %client, %destination, route = route.as_str(), peer = peer.as_deref().unwrap_or("-"));
         async {
             info!("session opened");
@@ -833,13 +870,14 @@ impl Inner {
                         }
                         Err(e) => {
                             info!(error = %e, "bypass connect failed");
+                            self.sessions.totals.count(Ending::ConnectFailed);
                             sys::abort(tcp);
                             return;
                         }
                     }
                 }
             };
-            log_outcome(&session, outcome);
+            self.log_outcome(&session, outcome);
         }
         .instrument(span)
         .await;
@@ -856,6 +894,7 @@ impl Inner {
         };
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             warn!(%peer, "session limit reached; inbound stream refused");
+            self.sessions.totals.count(Ending::RefusedLimit);
             stream.reset(code::REJECTED);
             return;
         };
@@ -867,6 +906,7 @@ impl Inner {
             destination,
             Some(peer.clone()),
             Route::Inbound,
+            self.kill.child_token(),
         );
         let span =
             info_span!("session", id = session.id, %client, %destination, route = "inbound", %peer);
@@ -875,7 +915,7 @@ impl Inner {
             let connect = sys::connect(from, destination.0, config.sessions.connect_timeout);
             let connected = tokio::select! {
                 r = connect => r,
-                () = self.kill.cancelled() => Err(io::Error::new(io::ErrorKind::Interrupted, "shutting down")),
+                () = session.kill.cancelled() => Err(io::Error::new(io::ErrorKind::Interrupted, "session ended")),
             };
             match connected {
                 Ok(server) => {
@@ -886,11 +926,12 @@ impl Inner {
                     info!("session opened");
                     let stream = Chunked::new(stream, codec);
                     let outcome = self.relay(&session, stream, server).await;
-                    log_outcome(&session, outcome);
+                    self.log_outcome(&session, outcome);
                 }
                 Err(e) => {
                     let reset = relay::connect_error_code(&e);
                     info!(error = %e, "connect failed; stream reset");
+                    self.sessions.totals.count(Ending::ConnectFailed);
                     stream.reset(reset);
                 }
             }
@@ -913,9 +954,27 @@ impl Inner {
             session,
             config.sessions.relay_buffer,
             config.sessions.idle_timeout,
-            self.kill.cancelled(),
+            async {
+                session.kill.cancelled().await;
+                if self.kill.is_cancelled() {
+                    Outcome::Shutdown
+                } else {
+                    Outcome::Killed
+                }
+            },
         )
         .await
+    }
+
+    fn log_outcome(&self, session: &crate::session::Session, outcome: Outcome) {
+        self.sessions.totals.count(match outcome {
+            Outcome::Complete => Ending::Completed,
+            Outcome::Failed(_) => Ending::Failed,
+            Outcome::Idle => Ending::Idle,
+            Outcome::Killed => Ending::Killed,
+            Outcome::Shutdown => Ending::Shutdown,
+        });
+        log_outcome(session, outcome);
     }
 }
 
@@ -948,6 +1007,12 @@ fn log_outcome(session: &crate::session::Session, outcome: Outcome) {
             bytes_from_server = down,
             ?age,
             "session aborted at shutdown"
+        ),
+        Outcome::Killed => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session killed by the operator"
         ),
     }
     session.set_state(SessionState::HalfClosed);

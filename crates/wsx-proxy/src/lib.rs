@@ -16,7 +16,8 @@
 //!   ([`wsx_fec::compress`]), with per-peer counters ([`CompressionStats`]).
 //! - `relay`: client ↔ stream (or ↔ server, when bypassing) with bounded buffers, half-close
 //!   and reset propagation, byte counts and an idle timeout.
-//! - `session`: the table of live sessions.
+//! - `session`: the table of live sessions (each can be killed), and the gateway's running
+//!   totals: sessions opened, ended and refused, bytes by peer and route.
 //! - [`Gateway`]: ties them together; see `gateway.rs` for the data flow.
 //!
 //! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
@@ -33,6 +34,6 @@ pub mod sys;
 pub use addrs::{ClientAddr, OrigDstAddr};
 pub use chunked::CompressionStats;
 pub use gateway::{Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig};
-pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus};
+pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus, TunnelStatus};
 pub use relay::code as reset_code;
-pub use session::{Route, SessionInfo, SessionState};
+pub use session::{GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};

@@ -17,7 +17,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use wsx_tunnel::driver::Tunnel;
-use wsx_tunnel::{FecMode, FecStats, PublicKey, TransportConfig};
+use wsx_tunnel::{ConnectionStats, FecMode, PublicKey, TransportConfig};
 
 /// What to do with new connections for a peer that is down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -169,12 +169,21 @@ pub struct PeerStatus {
     pub force_bypass: bool,
     /// Established tunnels (one per side that connects).
     pub tunnels: usize,
-    /// Smoothed RTT of the tunnel in use.
-    pub rtt: Option<Duration>,
-    /// FEC counters of the tunnel in use (they start over with each tunnel).
-    pub fec: Option<FecStats>,
+    /// The tunnel in use, if the peer is healthy.
+    pub tunnel: Option<TunnelStatus>,
     /// Compression counters of all sessions with the peer since the gateway started.
     pub compression: CompressionStats,
+}
+
+/// The tunnel a peer's new sessions use.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct TunnelStatus {
+    /// The peer's UDP address.
+    pub remote: SocketAddr,
+    /// The tunnel's counters (they start over with each tunnel), RTT, congestion state and
+    /// FEC.
+    pub stats: ConnectionStats,
 }
 
 pub(crate) fn status(peer: &Peer, health_timeout: Duration) -> PeerStatus {
@@ -187,8 +196,10 @@ pub(crate) fn status(peer: &Peer, health_timeout: Duration) -> PeerStatus {
         healthy: tunnel.is_some(),
         force_bypass: config.force_bypass,
         tunnels: peer.tunnels().iter().filter(|t| t.is_established()).count(),
-        rtt: tunnel.as_ref().map(|t| t.rtt()),
-        fec: tunnel.as_ref().map(|t| t.stats().fec),
+        tunnel: tunnel.as_ref().map(|t| TunnelStatus {
+            remote: t.remote_address(),
+            stats: t.stats(),
+        }),
         compression: peer.compression(),
     }
 }

@@ -101,6 +101,8 @@ pub(crate) enum Outcome {
     Idle,
     /// The gateway stopped; both were aborted.
     Shutdown,
+    /// The operator ended the session; both were aborted.
+    Killed,
 }
 
 /// Relays between `client` (the side facing the TCP client) and `server` (the side toward
@@ -112,19 +114,19 @@ pub(crate) async fn relay<C: Side, S: Side>(
     session: &Session,
     buffer: usize,
     idle_timeout: Duration,
-    stop: impl std::future::Future<Output = ()>,
+    stop: impl std::future::Future<Output = Outcome>,
 ) -> Outcome {
     session.set_state(SessionState::Open);
     let outcome = {
         let mut c = Counted {
             inner: &mut client,
             session,
-            counter: &session.from_client,
+            counters: [&session.from_client, &session.traffic.from_client],
         };
         let mut s = Counted {
             inner: &mut server,
             session,
-            counter: &session.from_server,
+            counters: [&session.from_server, &session.traffic.from_server],
         };
         let copy = tokio::io::copy_bidirectional_with_sizes(&mut c, &mut s, buffer, buffer);
         tokio::select! {
@@ -133,12 +135,12 @@ pub(crate) async fn relay<C: Side, S: Side>(
                 Err(e) => Outcome::Failed(e),
             },
             () = idle(session, idle_timeout) => Outcome::Idle,
-            () = stop => Outcome::Shutdown,
+            outcome = stop => outcome,
         }
     };
     let code = match &outcome {
         Outcome::Complete => return outcome,
-        Outcome::Failed(_) => code::ABORTED,
+        Outcome::Failed(_) | Outcome::Killed => code::ABORTED,
         Outcome::Idle => code::IDLE,
         Outcome::Shutdown => code::SHUTDOWN,
     };
@@ -158,11 +160,11 @@ async fn idle(session: &Session, timeout: Duration) {
     }
 }
 
-/// A side whose reads are counted into the session.
+/// A side whose reads are counted into the session and the gateway's totals.
 struct Counted<'a, T> {
     inner: &'a mut T,
     session: &'a Session,
-    counter: &'a AtomicU64,
+    counters: [&'a AtomicU64; 2],
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Counted<'_, T> {
@@ -175,7 +177,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<'_, T> {
         let result = Pin::new(&mut *self.inner).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         if n > 0 {
-            self.counter.fetch_add(n as u64, Ordering::Relaxed);
+            for counter in self.counters {
+                counter.fetch_add(n as u64, Ordering::Relaxed);
+            }
             self.session.touch(Instant::now());
         } else if matches!(result, Poll::Ready(Ok(()))) {
             // One direction reached its end.

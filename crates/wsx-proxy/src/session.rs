@@ -1,13 +1,16 @@
-//! The session table: every relayed connection, with its addresses, route and byte counts.
+//! The session table: every relayed connection, with its addresses, route and byte counts,
+//! and the gateway's running totals ([`GatewayTotals`]).
 
 use crate::addrs::{ClientAddr, OrigDstAddr};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// How a session is carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 #[non_exhaustive]
 pub enum Route {
     /// Intercepted here and carried through the tunnel to a peer.
@@ -75,6 +78,11 @@ pub(crate) struct Session {
     /// Milliseconds after `started` of the last byte either way.
     pub(crate) last_activity_ms: AtomicU64,
     state: AtomicU8,
+    /// The gateway's byte counters for the session's peer and route.
+    pub(crate) traffic: Arc<Traffic>,
+    /// Cancelled to end the session now: by the operator, or by the gateway's drain deadline
+    /// (a child of its token).
+    pub(crate) kill: CancellationToken,
 }
 
 impl Session {
@@ -104,6 +112,7 @@ impl Session {
             route: self.route,
             state: SessionState::from_u8(self.state.load(Ordering::Relaxed)),
             age: now.saturating_duration_since(self.started),
+            idle: self.idle_for(now),
             bytes_from_client: self.from_client.load(Ordering::Relaxed),
             bytes_from_server: self.from_server.load(Ordering::Relaxed),
         }
@@ -123,19 +132,32 @@ pub struct SessionInfo {
     pub route: Route,
     pub state: SessionState,
     pub age: Duration,
+    /// Time since the last byte either way.
+    pub idle: Duration,
     pub bytes_from_client: u64,
     pub bytes_from_server: u64,
 }
 
-/// All live sessions.
-#[derive(Debug, Default)]
+/// All live sessions, and the totals of all sessions since the start.
+#[derive(Debug)]
 pub(crate) struct Sessions {
     next_id: AtomicU64,
     table: Mutex<HashMap<u64, Arc<Session>>>,
+    pub(crate) totals: Totals,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self {
+            next_id: AtomicU64::new(0),
+            table: Mutex::new(HashMap::new()),
+            totals: Totals::new(Instant::now()),
+        }
+    }
 }
 
 impl Sessions {
-    /// Registers a session; it leaves the table when the guard drops.
+    /// Registers a session; it leaves the table when the guard drops. `kill` ends it.
     pub(crate) fn register(
         self: &Arc<Self>,
         now: Instant,
@@ -143,8 +165,11 @@ impl Sessions {
         destination: OrigDstAddr,
         peer: Option<String>,
         route: Route,
+        kill: CancellationToken,
     ) -> SessionGuard {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        self.totals.opened[route as usize].fetch_add(1, Ordering::Relaxed);
+        let traffic = self.totals.traffic(peer.as_deref(), route);
         let session = Arc::new(Session {
             id,
             client,
@@ -156,6 +181,8 @@ impl Sessions {
             from_server: AtomicU64::new(0),
             last_activity_ms: AtomicU64::new(0),
             state: AtomicU8::new(SessionState::Connecting as u8),
+            traffic,
+            kill,
         });
         self.lock().insert(id, session.clone());
         SessionGuard {
@@ -174,9 +201,149 @@ impl Sessions {
         list
     }
 
+    pub(crate) fn get(&self, id: u64, now: Instant) -> Option<SessionInfo> {
+        self.lock().get(&id).map(|s| s.snapshot(now))
+    }
+
+    /// Ends session `id` now (both sides reset); false if there is no such live session.
+    pub(crate) fn kill(&self, id: u64) -> bool {
+        match self.lock().get(&id) {
+            Some(s) => {
+                s.kill.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Session>>> {
         self.table.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// How sessions ended or were refused, counted since the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    Completed,
+    Failed,
+    Idle,
+    Killed,
+    Shutdown,
+    /// Over the session limit (an outbound one was bypassed, an inbound one refused).
+    RefusedLimit,
+    /// The peer was down and its policy is to reject.
+    RefusedPeerDown,
+    /// The server (or, bypassing, the destination) could not be reached.
+    ConnectFailed,
+}
+
+/// Byte counters of the sessions of one peer and route.
+#[derive(Debug, Default)]
+pub(crate) struct Traffic {
+    pub(crate) from_client: AtomicU64,
+    pub(crate) from_server: AtomicU64,
+}
+
+/// The gateway's running totals: plain counters, read by the API and metrics.
+#[derive(Debug)]
+pub(crate) struct Totals {
+    started: Instant,
+    /// Indexed by `Route as usize`.
+    opened: [AtomicU64; 3],
+    endings: [AtomicU64; 8],
+    traffic: Mutex<HashMap<TrafficKey, Arc<Traffic>>>,
+}
+
+/// A peer (`None`: no peer) and a route.
+type TrafficKey = (Option<String>, Route);
+
+impl Totals {
+    fn new(started: Instant) -> Self {
+        Self {
+            started,
+            opened: Default::default(),
+            endings: Default::default(),
+            traffic: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn count(&self, ending: Ending) {
+        self.endings[ending as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters for `peer` and `route`, created on first use (once per peer and route:
+    /// the set is small and never shrinks, so that totals never go backwards).
+    fn traffic(&self, peer: Option<&str>, route: Route) -> Arc<Traffic> {
+        let mut map = self.traffic.lock().unwrap_or_else(PoisonError::into_inner);
+        map.entry((peer.map(str::to_owned), route))
+            .or_default()
+            .clone()
+    }
+
+    pub(crate) fn snapshot(&self, now: Instant) -> GatewayTotals {
+        let ending = |e: Ending| self.endings[e as usize].load(Ordering::Relaxed);
+        let mut traffic: Vec<TrafficTotals> = self
+            .traffic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|((peer, route), t)| TrafficTotals {
+                peer: peer.clone(),
+                route: *route,
+                from_client: t.from_client.load(Ordering::Relaxed),
+                from_server: t.from_server.load(Ordering::Relaxed),
+            })
+            .collect();
+        traffic.sort_by(|a, b| (&a.peer, a.route as u8).cmp(&(&b.peer, b.route as u8)));
+        GatewayTotals {
+            uptime: now.saturating_duration_since(self.started),
+            opened: [Route::Tunnel, Route::Inbound, Route::Bypass]
+                .map(|r| (r, self.opened[r as usize].load(Ordering::Relaxed)))
+                .to_vec(),
+            completed: ending(Ending::Completed),
+            failed: ending(Ending::Failed),
+            idle: ending(Ending::Idle),
+            killed: ending(Ending::Killed),
+            shutdown: ending(Ending::Shutdown),
+            refused_limit: ending(Ending::RefusedLimit),
+            refused_peer_down: ending(Ending::RefusedPeerDown),
+            connect_failed: ending(Ending::ConnectFailed),
+            traffic,
+        }
+    }
+}
+
+/// What the gateway did since it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GatewayTotals {
+    pub uptime: Duration,
+    /// Sessions opened, by route.
+    pub opened: Vec<(Route, u64)>,
+    /// Sessions that ended: both directions finished, a side failed, idle, killed through
+    /// [`Gateway::kill_session`](crate::Gateway::kill_session), aborted at shutdown.
+    pub completed: u64,
+    pub failed: u64,
+    pub idle: u64,
+    pub killed: u64,
+    pub shutdown: u64,
+    /// Connections over the session limit (bypassed when outbound, refused when inbound),
+    /// rejected because their peer was down, or whose server could not be reached.
+    pub refused_limit: u64,
+    pub refused_peer_down: u64,
+    pub connect_failed: u64,
+    /// Session bytes by peer and route.
+    pub traffic: Vec<TrafficTotals>,
+}
+
+/// Session bytes of one peer (`None`: bypassed with no peer) and route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TrafficTotals {
+    pub peer: Option<String>,
+    pub route: Route,
+    pub from_client: u64,
+    pub from_server: u64,
 }
 
 /// A registered session; dropping it removes the session from the table.
@@ -209,8 +376,26 @@ mod tests {
         let now = Instant::now();
         let client = ClientAddr("10.0.0.1:1000".parse().unwrap_or_else(|e| panic!("{e}")));
         let destination = OrigDstAddr("10.0.1.1:80".parse().unwrap_or_else(|e| panic!("{e}")));
-        let a = sessions.register(now, client, destination, Some("hq".into()), Route::Tunnel);
-        let b = sessions.register(now, client, destination, None, Route::Bypass);
+        let kill = CancellationToken::new();
+        let a = sessions.register(
+            now,
+            client,
+            destination,
+            Some("hq".into()),
+            Route::Tunnel,
+            kill.child_token(),
+        );
+        let b = sessions.register(
+            now,
+            client,
+            destination,
+            None,
+            Route::Bypass,
+            kill.child_token(),
+        );
+        assert!(sessions.kill(b.id));
+        assert!(b.kill.is_cancelled() && !a.kill.is_cancelled());
+        assert!(!sessions.kill(999));
         a.from_client.fetch_add(10, Ordering::Relaxed);
         a.set_state(SessionState::Open);
         let list = sessions.snapshot(now);
@@ -227,6 +412,38 @@ mod tests {
     }
 
     #[test]
+    fn totals_outlive_the_sessions() {
+        let sessions = Arc::new(Sessions::default());
+        let now = Instant::now();
+        let addr = "10.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..2 {
+            let s = sessions.register(
+                now,
+                ClientAddr(addr),
+                OrigDstAddr(addr),
+                Some("hq".into()),
+                Route::Tunnel,
+                CancellationToken::new(),
+            );
+            s.traffic.from_client.fetch_add(100, Ordering::Relaxed);
+            sessions.totals.count(Ending::Completed);
+        }
+        sessions.totals.count(Ending::RefusedLimit);
+        let t = sessions.totals.snapshot(now);
+        assert_eq!(sessions.len(), 0);
+        assert_eq!(
+            t.opened,
+            [(Route::Tunnel, 2), (Route::Inbound, 0), (Route::Bypass, 0)]
+        );
+        assert_eq!((t.completed, t.refused_limit, t.failed), (2, 1, 0));
+        assert_eq!(t.traffic.len(), 1);
+        assert_eq!(
+            (t.traffic[0].peer.as_deref(), t.traffic[0].from_client),
+            (Some("hq"), 200)
+        );
+    }
+
+    #[test]
     fn idle_time_counts_from_the_last_traffic() {
         let sessions = Arc::new(Sessions::default());
         let start = Instant::now();
@@ -237,6 +454,7 @@ mod tests {
             OrigDstAddr(addr),
             None,
             Route::Inbound,
+            CancellationToken::new(),
         );
         s.touch(start + Duration::from_secs(5));
         assert_eq!(

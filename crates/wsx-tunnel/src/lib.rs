@@ -57,8 +57,8 @@ mod tests;
 
 pub use config::{EndpointConfig, FecMode, TransportConfig};
 pub use congestion::{
-    Adaptive, AdaptiveConfig, CongestionControl, Controller, LossVerdict, NewReno, NewRenoConfig,
-    PathHint,
+    Adaptive, AdaptiveConfig, CongestionControl, Controller, ControllerState, LossVerdict, NewReno,
+    NewRenoConfig, PathHint,
 };
 pub use connection::{
     CLOSE_PROTOCOL_VIOLATION, Connection, ConnectionError, ConnectionStats, ControlError, Event,
