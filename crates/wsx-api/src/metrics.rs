@@ -1,0 +1,389 @@
+//! Prometheus metrics, read from the gateway at each scrape.
+//!
+//! A [`Collector`] walks the gateway's status (peers, tunnels, sessions, totals) when
+//! Prometheus asks, so the data path keeps only the plain counters it has anyway. Names
+//! follow the Prometheus conventions; counters end in `_total`. Tunnel counters belong to
+//! the tunnel in use and start over when it is replaced, which Prometheus reads as a
+//! counter reset.
+//!
+//! | metric | labels | what |
+//! |---|---|---|
+//! | `wsx_info` | `version` | 1 |
+//! | `wsx_uptime_seconds` | | since the gateway started |
+//! | `wsx_sessions` | `route` | live sessions |
+//! | `wsx_sessions_opened_total` | `route` | |
+//! | `wsx_sessions_ended_total` | `outcome` | `completed`, `failed`, `idle`, `killed`, `shutdown` |
+//! | `wsx_sessions_refused_total` | `reason` | `limit`, `peer_down`, `connect_failed` |
+//! | `wsx_session_bytes_total` | `peer`, `route`, `direction` | read from clients / servers |
+//! | `wsx_peer_up` | `peer` | 1 when a tunnel is established and the peer heard from |
+//! | `wsx_peer_bypass_forced` | `peer` | |
+//! | `wsx_peer_tunnels` | `peer` | established tunnels |
+//! | `wsx_tunnel_rtt_seconds`, `wsx_tunnel_min_rtt_seconds` | `peer` | |
+//! | `wsx_tunnel_pacing_rate_bytes_per_second`, `wsx_tunnel_bottleneck_rate_bytes_per_second` | `peer` | |
+//! | `wsx_tunnel_packets_sent_total`, `_packets_received_total`, `_packets_lost_total` | `peer` | |
+//! | `wsx_tunnel_bytes_sent_total`, `_bytes_received_total` | `peer` | |
+//! | `wsx_tunnel_auth_failures_total`, `_replays_total` | `peer` | datagrams dropped |
+//! | `wsx_fec_packets_protected_total`, `_parity_sent_total`, `_parity_bytes_sent_total` | `peer` | |
+//! | `wsx_fec_recovered_by_peer_total`, `_recovered_total`, `_unrecoverable_groups_total` | `peer` | |
+//! | `wsx_compression_plain_bytes_total`, `_wire_bytes_total` | `peer`, `direction` | `sent`, `received` |
+//! | `wsx_compression_chunks_total` | `peer`, `kind` | `deflated`, `incompressible`, `stored` |
+//! | `wsx_compression_cpu_seconds_total` | `peer`, `operation` | `compress`, `inflate` |
+
+use crate::Control;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use wsx_proxy::Route;
+
+/// The content type of [`Exporter::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A registry with the gateway's collector.
+pub(crate) struct Exporter {
+    registry: Registry,
+}
+
+impl Exporter {
+    pub(crate) fn new(control: Arc<dyn Control>) -> Self {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(GatewayCollector(control)));
+        Self { registry }
+    }
+
+    /// The metrics as OpenMetrics text.
+    pub(crate) fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+struct GatewayCollector(Arc<dyn Control>);
+
+impl std::fmt::Debug for GatewayCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GatewayCollector")
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Reads one counter of a tunnel.
+type Read = fn(&wsx_tunnel::ConnectionStats) -> u64;
+
+/// One metric family: its descriptor, then one sample per label set.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut samples = samples.into_iter().peekable();
+    let Some((_, first)) = samples.peek() else {
+        return Ok(());
+    };
+    let mut metric = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    for (labels, sample) in samples {
+        sample.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn counter(labels: Labels, value: u64) -> (Labels, ConstCounter<u64>) {
+    (labels, ConstCounter::new(value))
+}
+
+fn gauge(labels: Labels, value: f64) -> (Labels, ConstGauge<f64>) {
+    (labels, ConstGauge::new(value))
+}
+
+fn peer(name: &str) -> Labels {
+    vec![("peer", name.to_owned())]
+}
+
+fn with(mut labels: Labels, key: &'static str, value: &str) -> Labels {
+    labels.push((key, value.to_owned()));
+    labels
+}
+
+impl Collector for GatewayCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let gateway = self.0.gateway();
+        let totals = gateway.totals();
+        let sessions = gateway.sessions();
+        let peers = gateway.peers();
+        let routes = [Route::Tunnel, Route::Inbound, Route::Bypass];
+
+        family(
+            &mut e,
+            "wsx_info",
+            "The running wsx",
+            [gauge(
+                vec![("version", env!("CARGO_PKG_VERSION").to_owned())],
+                1.0,
+            )],
+        )?;
+        family(
+            &mut e,
+            "wsx_uptime_seconds",
+            "Seconds since the gateway started",
+            [gauge(vec![], totals.uptime.as_secs_f64())],
+        )?;
+        family(
+            &mut e,
+            "wsx_sessions",
+            "Live sessions",
+            routes.map(|r| {
+                let n = sessions.iter().filter(|s| s.route == r).count();
+                gauge(vec![("route", r.as_str().to_owned())], n as f64)
+            }),
+        )?;
+        family(
+            &mut e,
+            "wsx_sessions_opened",
+            "Sessions opened",
+            routes.map(|r| {
+                let n = totals
+                    .opened
+                    .iter()
+                    .find(|(route, _)| *route == r)
+                    .map_or(0, |(_, n)| *n);
+                counter(vec![("route", r.as_str().to_owned())], n)
+            }),
+        )?;
+        family(
+            &mut e,
+            "wsx_sessions_ended",
+            "Sessions ended, by how",
+            [
+                ("completed", totals.completed),
+                ("failed", totals.failed),
+                ("idle", totals.idle),
+                ("killed", totals.killed),
+                ("shutdown", totals.shutdown),
+            ]
+            .map(|(outcome, n)| counter(vec![("outcome", outcome.to_owned())], n)),
+        )?;
+        family(
+            &mut e,
+            "wsx_sessions_refused",
+            "Connections not relayed as asked: over the session limit, peer down with \
+             on_failure = reject, or the server unreachable",
+            [
+                ("limit", totals.refused_limit),
+                ("peer_down", totals.refused_peer_down),
+                ("connect_failed", totals.connect_failed),
+            ]
+            .map(|(reason, n)| counter(vec![("reason", reason.to_owned())], n)),
+        )?;
+        family(
+            &mut e,
+            "wsx_session_bytes",
+            "Session bytes read from clients and from servers",
+            totals.traffic.iter().flat_map(|t| {
+                let labels = vec![
+                    ("peer", t.peer.clone().unwrap_or_default()),
+                    ("route", t.route.as_str().to_owned()),
+                ];
+                [
+                    counter(
+                        with(labels.clone(), "direction", "from_client"),
+                        t.from_client,
+                    ),
+                    counter(with(labels, "direction", "from_server"), t.from_server),
+                ]
+            }),
+        )?;
+
+        family(
+            &mut e,
+            "wsx_peer_up",
+            "1 when a tunnel to the peer is established and the peer was heard from",
+            peers
+                .iter()
+                .map(|p| gauge(peer(&p.name), f64::from(u8::from(p.healthy)))),
+        )?;
+        family(
+            &mut e,
+            "wsx_peer_bypass_forced",
+            "1 when new sessions toward the peer go direct by configuration or API",
+            peers
+                .iter()
+                .map(|p| gauge(peer(&p.name), f64::from(u8::from(p.force_bypass)))),
+        )?;
+        family(
+            &mut e,
+            "wsx_peer_tunnels",
+            "Established tunnels to the peer",
+            peers.iter().map(|p| gauge(peer(&p.name), p.tunnels as f64)),
+        )?;
+
+        let tunnels: Vec<_> = peers
+            .iter()
+            .filter_map(|p| p.tunnel.as_ref().map(|t| (p.name.as_str(), t.stats)))
+            .collect();
+        let congestion = |f: fn(&wsx_tunnel::ControllerState) -> u64| {
+            tunnels
+                .iter()
+                .filter_map(move |(name, s)| s.congestion.map(|c| gauge(peer(name), f(&c) as f64)))
+        };
+        family(
+            &mut e,
+            "wsx_tunnel_rtt_seconds",
+            "Smoothed round-trip time of the tunnel in use",
+            tunnels
+                .iter()
+                .map(|(name, s)| gauge(peer(name), s.smoothed_rtt.as_secs_f64())),
+        )?;
+        family(
+            &mut e,
+            "wsx_tunnel_min_rtt_seconds",
+            "Minimum round-trip time of the tunnel in use",
+            tunnels
+                .iter()
+                .map(|(name, s)| gauge(peer(name), s.min_rtt.as_secs_f64())),
+        )?;
+        family(
+            &mut e,
+            "wsx_tunnel_pacing_rate_bytes_per_second",
+            "The rate the tunnel paces at",
+            congestion(|c| c.pacing_rate),
+        )?;
+        family(
+            &mut e,
+            "wsx_tunnel_bottleneck_rate_bytes_per_second",
+            "The tunnel's estimate of the path's bottleneck rate",
+            congestion(|c| c.bottleneck_rate),
+        )?;
+        let tunnel_counters: [(&str, &str, Read); 13] = [
+            ("wsx_tunnel_packets_sent", "Packets sent", |s| {
+                s.packets_sent
+            }),
+            ("wsx_tunnel_packets_received", "Packets received", |s| {
+                s.packets_received
+            }),
+            (
+                "wsx_tunnel_packets_lost",
+                "Packets lost on the path (retransmitted or rebuilt by FEC)",
+                |s| s.packets_lost,
+            ),
+            ("wsx_tunnel_bytes_sent", "UDP payload bytes sent", |s| {
+                s.bytes_sent
+            }),
+            (
+                "wsx_tunnel_bytes_received",
+                "UDP payload bytes received",
+                |s| s.bytes_received,
+            ),
+            (
+                "wsx_tunnel_auth_failures",
+                "Datagrams dropped because they failed authentication",
+                |s| s.auth_failures,
+            ),
+            ("wsx_tunnel_replays", "Datagrams dropped as replays", |s| {
+                s.replays
+            }),
+            (
+                "wsx_fec_packets_protected",
+                "Data packets sent in FEC blocks",
+                |s| s.fec.packets_protected,
+            ),
+            ("wsx_fec_parity_sent", "Parity packets sent", |s| {
+                s.fec.parity_sent
+            }),
+            ("wsx_fec_parity_bytes_sent", "Parity bytes sent", |s| {
+                s.fec.parity_bytes_sent
+            }),
+            (
+                "wsx_fec_recovered_by_peer",
+                "Losses the peer rebuilt from our parity (retransmissions avoided)",
+                |s| s.fec.recovered_by_peer,
+            ),
+            (
+                "wsx_fec_recovered",
+                "The peer's losses rebuilt here from its parity",
+                |s| s.fec.recovered,
+            ),
+            (
+                "wsx_fec_unrecoverable_groups",
+                "FEC groups that lost more than their parity could rebuild",
+                |s| s.fec.unrecoverable_groups,
+            ),
+        ];
+        for (name, help, read) in tunnel_counters {
+            family(
+                &mut e,
+                name,
+                help,
+                tunnels.iter().map(|(p, s)| counter(peer(p), read(s))),
+            )?;
+        }
+
+        family(
+            &mut e,
+            "wsx_compression_plain_bytes",
+            "Session bytes sent to and received from the peer's streams",
+            peers.iter().flat_map(|p| {
+                let c = &p.compression;
+                [
+                    counter(with(peer(&p.name), "direction", "sent"), c.plain_sent),
+                    counter(
+                        with(peer(&p.name), "direction", "received"),
+                        c.plain_received,
+                    ),
+                ]
+            }),
+        )?;
+        family(
+            &mut e,
+            "wsx_compression_wire_bytes",
+            "Stream bytes those session bytes took (chunk headers included)",
+            peers.iter().flat_map(|p| {
+                let c = &p.compression;
+                [
+                    counter(with(peer(&p.name), "direction", "sent"), c.wire_sent),
+                    counter(
+                        with(peer(&p.name), "direction", "received"),
+                        c.wire_received,
+                    ),
+                ]
+            }),
+        )?;
+        family(
+            &mut e,
+            "wsx_compression_chunks",
+            "Chunks sent: deflated, stored after deflate did not pay, stored without trying",
+            peers.iter().flat_map(|p| {
+                let c = &p.compression;
+                [
+                    ("deflated", c.chunks_deflated),
+                    ("incompressible", c.chunks_incompressible),
+                    ("stored", c.chunks_stored),
+                ]
+                .map(|(kind, n)| counter(with(peer(&p.name), "kind", kind), n))
+            }),
+        )?;
+        family(
+            &mut e,
+            "wsx_compression_cpu_seconds",
+            "CPU time spent compressing and decoding",
+            peers.iter().flat_map(|p| {
+                let c = &p.compression;
+                [
+                    (
+                        with(peer(&p.name), "operation", "compress"),
+                        ConstCounter::new(c.compress_time.as_secs_f64()),
+                    ),
+                    (
+                        with(peer(&p.name), "operation", "inflate"),
+                        ConstCounter::new(c.inflate_time.as_secs_f64()),
+                    ),
+                ]
+            }),
+        )?;
+        Ok(())
+    }
+}

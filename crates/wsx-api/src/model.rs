@@ -1,0 +1,399 @@
+//! The resources of the API as they travel: plain serde types with OpenAPI schemas, built
+//! from the gateway's own status types.
+//!
+//! Rates are bits per second, byte counts are bytes, times are seconds (fractional) unless a
+//! field's name says otherwise. Counters that belong to a tunnel start over when the peer's
+//! tunnel is replaced; counters that belong to the gateway run from its start.
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use wsx_proxy::{CompressionStats, GatewayTotals, PeerStatus, Route, SessionInfo, SessionState};
+use wsx_tunnel::{ConnectionStats, FecStats};
+
+/// `GET /api/v1/status`: the gateway at a glance.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Status {
+    pub version: String,
+    pub uptime_seconds: f64,
+    /// The gateway's public key (base64), as peers configure it.
+    pub public_key: String,
+    /// The tunnel's UDP address.
+    pub tunnel_address: String,
+    pub peers: Vec<PeerHealth>,
+    pub sessions: SessionCounts,
+    pub totals: Totals,
+}
+
+/// A peer's health in [`Status`].
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PeerHealth {
+    pub name: String,
+    /// A tunnel is established and the peer was heard from within the health timeout.
+    pub healthy: bool,
+    /// New sessions toward the peer's prefixes go direct (configured, or set through the API).
+    pub bypass_forced: bool,
+}
+
+/// Sessions by route: live ones in [`Status`], opened ones in [`Totals`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct SessionCounts {
+    pub total: u64,
+    pub tunnel: u64,
+    pub inbound: u64,
+    pub bypass: u64,
+}
+
+/// What the gateway did since it started.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Totals {
+    /// Sessions opened, by route.
+    pub sessions_opened: SessionCounts,
+    /// Sessions that ended: both directions finished.
+    pub sessions_completed: u64,
+    /// Sessions reset: a side failed, idle timeout, killed, or shut down.
+    pub sessions_reset: u64,
+    /// Connections refused: session limit, peer down with `on_failure = "reject"`, or the
+    /// server could not be reached.
+    pub sessions_refused: u64,
+    /// Session bytes read from clients and from servers, all routes.
+    pub bytes_from_clients: u64,
+    pub bytes_from_servers: u64,
+}
+
+/// `GET /api/v1/peers/{name}`: a peer gateway and the tunnel to it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Peer {
+    pub name: String,
+    /// Where this gateway connects to the peer (none: the peer connects here).
+    pub endpoint: Option<String>,
+    /// Destination prefixes carried to the peer.
+    pub prefixes: Vec<String>,
+    pub healthy: bool,
+    pub bypass_forced: bool,
+    /// Established tunnels (one per side that connected).
+    pub tunnels: u64,
+    /// The tunnel in use, if the peer is healthy.
+    pub tunnel: Option<Tunnel>,
+    /// Compression of the sessions with the peer since the gateway started.
+    pub compression: Compression,
+}
+
+/// The tunnel in use to a peer. Its counters start with the tunnel.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Tunnel {
+    /// The peer's UDP address.
+    pub remote: String,
+    pub rtt_seconds: f64,
+    pub min_rtt_seconds: f64,
+    /// The congestion controller's phase (e.g. `rapid-start`, `optimal`).
+    pub congestion_phase: Option<String>,
+    /// The rate the tunnel paces at, and its estimate of the bottleneck.
+    pub pacing_rate_bps: u64,
+    pub bottleneck_rate_bps: u64,
+    pub packets_sent: u64,
+    pub bytes_sent: u64,
+    pub packets_received: u64,
+    pub bytes_received: u64,
+    /// Packets the peer never received (retransmitted or rebuilt by FEC).
+    pub packets_lost: u64,
+    /// `packets_lost / packets_sent`.
+    pub loss_ratio: f64,
+    /// Datagrams dropped as forged or replayed.
+    pub auth_failures: u64,
+    pub replays: u64,
+    pub fec: Fec,
+}
+
+/// Forward error correction on a tunnel.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Fec {
+    pub blocks: u64,
+    pub packets_protected: u64,
+    pub parity_sent: u64,
+    pub parity_bytes_sent: u64,
+    /// Parity packets per data packet sent.
+    pub overhead: f64,
+    /// Our losses the peer rebuilt from parity: retransmissions avoided.
+    pub recovered_by_peer: u64,
+    pub parity_received: u64,
+    /// The peer's losses rebuilt here.
+    pub recovered: u64,
+    /// Groups that lost more than their parity could rebuild.
+    pub unrecoverable_groups: u64,
+}
+
+/// Deflate on the streams to and from a peer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Compression {
+    /// Session bytes sent, and the stream bytes they took.
+    pub plain_sent: u64,
+    pub wire_sent: u64,
+    /// `wire_sent / plain_sent` (below 1 is a gain); none before any data.
+    pub ratio_sent: Option<f64>,
+    pub chunks_deflated: u64,
+    pub chunks_incompressible: u64,
+    pub chunks_stored: u64,
+    pub compress_cpu_seconds: f64,
+    pub wire_received: u64,
+    pub plain_received: u64,
+    pub inflate_cpu_seconds: f64,
+}
+
+/// How a session is carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionRoute {
+    /// Intercepted here and carried through the tunnel.
+    Tunnel,
+    /// Arrived through the tunnel and re-originated here.
+    Inbound,
+    /// Intercepted here and connected directly.
+    Bypass,
+}
+
+/// Where a session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SessionPhase {
+    Connecting,
+    Open,
+    HalfClosed,
+}
+
+/// `GET /api/v1/sessions/{id}`: one relayed TCP connection.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Session {
+    pub id: u64,
+    pub client: String,
+    pub destination: String,
+    /// The peer gateway the session goes to or came from (none: bypass with no peer).
+    pub peer: Option<String>,
+    pub route: SessionRoute,
+    pub state: SessionPhase,
+    pub age_seconds: f64,
+    pub idle_seconds: f64,
+    pub bytes_from_client: u64,
+    pub bytes_from_server: u64,
+}
+
+/// Filters and paging of `GET /api/v1/sessions`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct SessionQuery {
+    /// Only sessions with this peer.
+    pub peer: Option<String>,
+    pub route: Option<SessionRoute>,
+    pub state: Option<SessionPhase>,
+    /// Only sessions whose client or destination address is in this prefix (`10.1.0.0/16`)
+    /// or is this address.
+    pub address: Option<String>,
+    /// At most this many (default 100, at most 1,000).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// Skip this many of the matching sessions (ordered by id).
+    #[param(minimum = 0, maximum = 2147483647)]
+    pub offset: Option<u32>,
+}
+
+/// A page of sessions.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionPage {
+    /// Sessions matching the filters, all pages.
+    pub total: u64,
+    pub offset: u32,
+    pub limit: u32,
+    pub sessions: Vec<Session>,
+}
+
+/// `PUT /api/v1/peers/{name}/bypass`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Bypass {
+    /// Send new sessions toward the peer's prefixes direct (`true`), or through the tunnel
+    /// again (`false`). Holds until the configuration is next applied or reloaded.
+    pub force: bool,
+}
+
+/// `GET /api/v1/config`: the running configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ConfigView {
+    /// The file it was read from, and is written to by `PUT /api/v1/config`.
+    pub path: String,
+    /// Every setting, defaults included; secrets read `<secret>`.
+    #[schema(value_type = Object)]
+    pub config: serde_json::Value,
+}
+
+/// What a valid configuration holds.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ConfigSummary {
+    pub peers: u64,
+    pub interception: bool,
+    /// Whether the configuration is now running (false for a check).
+    pub applied: bool,
+}
+
+/// `GET`/`PUT /api/v1/log-level`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LogLevel {
+    /// A tracing filter: `info`, `debug`, `wsx_proxy=debug,info`, …
+    pub filter: String,
+}
+
+/// `GET /api/v1/health`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`: the daemon answers.
+    pub status: String,
+}
+
+impl Peer {
+    pub(crate) fn new(p: &PeerStatus) -> Self {
+        Self {
+            name: p.name.clone(),
+            endpoint: p.endpoint.map(|e| e.to_string()),
+            prefixes: p.prefixes.iter().map(ToString::to_string).collect(),
+            healthy: p.healthy,
+            bypass_forced: p.force_bypass,
+            tunnels: p.tunnels as u64,
+            tunnel: p
+                .tunnel
+                .as_ref()
+                .map(|t| Tunnel::new(&t.remote.to_string(), &t.stats)),
+            compression: Compression::new(&p.compression),
+        }
+    }
+}
+
+impl Tunnel {
+    fn new(remote: &str, s: &ConnectionStats) -> Self {
+        let congestion = s.congestion;
+        Self {
+            remote: remote.to_owned(),
+            rtt_seconds: s.smoothed_rtt.as_secs_f64(),
+            min_rtt_seconds: s.min_rtt.as_secs_f64(),
+            congestion_phase: congestion.map(|c| c.phase.to_owned()),
+            pacing_rate_bps: congestion.map_or(0, |c| c.pacing_rate.saturating_mul(8)),
+            bottleneck_rate_bps: congestion.map_or(0, |c| c.bottleneck_rate.saturating_mul(8)),
+            packets_sent: s.packets_sent,
+            bytes_sent: s.bytes_sent,
+            packets_received: s.packets_received,
+            bytes_received: s.bytes_received,
+            packets_lost: s.packets_lost,
+            loss_ratio: ratio(s.packets_lost, s.eliciting_sent),
+            auth_failures: s.auth_failures,
+            replays: s.replays,
+            fec: Fec::new(&s.fec, s.eliciting_sent),
+        }
+    }
+}
+
+impl Fec {
+    fn new(f: &FecStats, data_packets: u64) -> Self {
+        Self {
+            blocks: f.blocks,
+            packets_protected: f.packets_protected,
+            parity_sent: f.parity_sent,
+            parity_bytes_sent: f.parity_bytes_sent,
+            overhead: ratio(f.parity_sent, data_packets),
+            recovered_by_peer: f.recovered_by_peer,
+            parity_received: f.parity_received,
+            recovered: f.recovered,
+            unrecoverable_groups: f.unrecoverable_groups,
+        }
+    }
+}
+
+impl Compression {
+    fn new(c: &CompressionStats) -> Self {
+        Self {
+            plain_sent: c.plain_sent,
+            wire_sent: c.wire_sent,
+            ratio_sent: c.ratio_sent(),
+            chunks_deflated: c.chunks_deflated,
+            chunks_incompressible: c.chunks_incompressible,
+            chunks_stored: c.chunks_stored,
+            compress_cpu_seconds: c.compress_time.as_secs_f64(),
+            wire_received: c.wire_received,
+            plain_received: c.plain_received,
+            inflate_cpu_seconds: c.inflate_time.as_secs_f64(),
+        }
+    }
+}
+
+impl SessionRoute {
+    pub(crate) fn new(route: Route) -> Self {
+        match route {
+            Route::Tunnel => Self::Tunnel,
+            Route::Inbound => Self::Inbound,
+            // Route is non-exhaustive: a route added later shows as the direct one until
+            // the API learns it.
+            _ => Self::Bypass,
+        }
+    }
+}
+
+impl SessionPhase {
+    fn new(state: SessionState) -> Self {
+        match state {
+            SessionState::Connecting => Self::Connecting,
+            SessionState::Open => Self::Open,
+            _ => Self::HalfClosed,
+        }
+    }
+}
+
+impl Session {
+    pub(crate) fn new(s: &SessionInfo) -> Self {
+        Self {
+            id: s.id,
+            client: s.client.0.to_string(),
+            destination: s.destination.0.to_string(),
+            peer: s.peer.clone(),
+            route: SessionRoute::new(s.route),
+            state: SessionPhase::new(s.state),
+            age_seconds: s.age.as_secs_f64(),
+            idle_seconds: s.idle.as_secs_f64(),
+            bytes_from_client: s.bytes_from_client,
+            bytes_from_server: s.bytes_from_server,
+        }
+    }
+}
+
+impl SessionCounts {
+    pub(crate) fn add(&mut self, route: SessionRoute, n: u64) {
+        self.total += n;
+        match route {
+            SessionRoute::Tunnel => self.tunnel += n,
+            SessionRoute::Inbound => self.inbound += n,
+            SessionRoute::Bypass => self.bypass += n,
+        }
+    }
+}
+
+impl Totals {
+    pub(crate) fn new(t: &GatewayTotals) -> Self {
+        let mut opened = SessionCounts::default();
+        for (route, n) in &t.opened {
+            opened.add(SessionRoute::new(*route), *n);
+        }
+        Self {
+            sessions_opened: opened,
+            sessions_completed: t.completed,
+            sessions_reset: t.failed + t.idle + t.killed + t.shutdown,
+            sessions_refused: t.refused_limit + t.refused_peer_down + t.connect_failed,
+            bytes_from_clients: t.traffic.iter().map(|x| x.from_client).sum(),
+            bytes_from_servers: t.traffic.iter().map(|x| x.from_server).sum(),
+        }
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}

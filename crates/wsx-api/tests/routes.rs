@@ -1,0 +1,390 @@
+//! The API served for real (a bound socket, HTTP requests) over a real gateway with no
+//! peers on loopback; the configuration side is a stand-in that records what it is asked.
+//! Live sessions, peers and the daemon's configuration file are covered end to end in
+//! `tests/` (the lab).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use wsx_api::model::{ConfigSummary, ConfigView};
+use wsx_api::{ApiConfig, ApiError, ApiServer, BoxFuture, Control, ErrorCode};
+use wsx_proxy::{Gateway, GatewayConfig};
+use wsx_tunnel::SecretKey;
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+struct Stand {
+    gateway: Gateway,
+    filter: Mutex<String>,
+    applied: Mutex<Vec<String>>,
+}
+
+impl Control for Stand {
+    fn gateway(&self) -> &Gateway {
+        &self.gateway
+    }
+
+    fn config(&self) -> ConfigView {
+        ConfigView {
+            path: "/etc/wsx/wsx.toml".into(),
+            config: serde_json::json!({ "tunnel": { "private_key": "<secret>" } }),
+        }
+    }
+
+    fn check_config(&self, text: &str) -> Result<ConfigSummary, ApiError> {
+        if text.contains("bad") {
+            return Err(ApiError::new(ErrorCode::InvalidConfig, "not good")
+                .field("tunnel.listen")
+                .at(2, 10));
+        }
+        Ok(ConfigSummary {
+            peers: 0,
+            interception: false,
+            applied: false,
+        })
+    }
+
+    fn apply_config(&self, text: String) -> BoxFuture<'_, Result<ConfigSummary, ApiError>> {
+        Box::pin(async move {
+            let mut summary = self.check_config(&text)?;
+            self.applied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(text);
+            summary.applied = true;
+            Ok(summary)
+        })
+    }
+
+    fn log_filter(&self) -> String {
+        self.filter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_log_filter(&self, filter: &str) -> Result<(), ApiError> {
+        if filter.contains('!') {
+            return Err(ApiError::new(ErrorCode::InvalidValue, "no").field("filter"));
+        }
+        *self.filter.lock().unwrap_or_else(|e| e.into_inner()) = filter.into();
+        Ok(())
+    }
+}
+
+struct Api {
+    server: ApiServer,
+    stand: Arc<Stand>,
+    base: String,
+}
+
+async fn start(config: impl FnOnce(&mut ApiConfig)) -> Api {
+    let mut gateway_config =
+        GatewayConfig::new(SecretKey::generate(), "127.0.0.1:0".parse().unwrap());
+    // No interception and no transparent origin: the gateway installs no rules on this host.
+    gateway_config.transparent_origin = false;
+    let gateway = Gateway::start(gateway_config).await.unwrap();
+    let stand = Arc::new(Stand {
+        gateway,
+        filter: Mutex::new("info".into()),
+        applied: Mutex::new(Vec::new()),
+    });
+    let mut api = ApiConfig::new(vec![TOKEN.into()]);
+    api.listen = "127.0.0.1:0".parse().unwrap();
+    config(&mut api);
+    let server = ApiServer::start(api, stand.clone()).await.unwrap();
+    let base = format!("http://{}", server.local_addr());
+    Api {
+        server,
+        stand,
+        base,
+    }
+}
+
+/// A request on a blocking thread; returns the status and the body as JSON (or text in
+/// a JSON string).
+async fn call(
+    method: &'static str,
+    url: String,
+    token: Option<&'static str>,
+    body: Option<(&'static str, String)>,
+) -> (u16, serde_json::Value) {
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into();
+        let mut request = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some(token) = token {
+            request = request.header("Authorization", format!("Bearer {token}"));
+        }
+        let response = match body {
+            Some((content_type, body)) => agent.run(
+                request
+                    .header("Content-Type", content_type)
+                    .body(body)
+                    .unwrap(),
+            ),
+            None => agent.run(request.body(()).unwrap()),
+        };
+        let mut response = response.unwrap();
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        let json = serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+        (status, json)
+    })
+    .await
+    .unwrap()
+}
+
+fn code(body: &serde_json::Value) -> &str {
+    body["error"]["code"].as_str().unwrap_or("<no code>")
+}
+
+#[tokio::test]
+async fn every_route_but_health_needs_a_valid_token() {
+    let api = start(|_| {}).await;
+    let (status, body) = call("GET", format!("{}/api/v1/health", api.base), None, None).await;
+    assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
+    for path in [
+        "/api/v1/status",
+        "/api/v1/peers",
+        "/api/v1/sessions",
+        "/api/v1/config",
+        "/api/v1/log-level",
+        "/api/v1/openapi.json",
+        "/metrics",
+    ] {
+        let url = format!("{}{path}", api.base);
+        let (status, body) = call("GET", url.clone(), None, None).await;
+        assert_eq!((status, code(&body)), (401, "unauthorized"), "{path}");
+        let (status, body) = call(
+            "GET",
+            url.clone(),
+            Some("test-token-0123456789abcdeX"),
+            None,
+        )
+        .await;
+        assert_eq!((status, code(&body)), (401, "unauthorized"), "{path}");
+        let (status, _) = call("GET", url, Some(TOKEN), None).await;
+        assert_eq!(status, 200, "{path}");
+    }
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn status_and_sessions_read_the_gateway() {
+    let api = start(|_| {}).await;
+    let (status, body) = call(
+        "GET",
+        format!("{}/api/v1/status", api.base),
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(
+        body["public_key"].as_str(),
+        Some(api.stand.gateway.public_key().to_string().as_str())
+    );
+    assert_eq!(body["sessions"]["total"], 0);
+    let (status, body) = call(
+        "GET",
+        format!("{}/api/v1/sessions?limit=5&address=10.0.0.0/8", api.base),
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["total"].as_u64(), body["limit"].as_u64()),
+        (200, Some(0), Some(5))
+    );
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_json_errors_naming_the_field() {
+    let api = start(|_| {}).await;
+    let base = api.base.clone();
+    let get = |path: &str| call("GET", format!("{base}{path}"), Some(TOKEN), None);
+    let (status, body) = get("/api/v1/sessions?limit=0").await;
+    assert_eq!(
+        (status, code(&body), body["error"]["field"].as_str()),
+        (422, "invalid_value", Some("limit"))
+    );
+    let (status, body) = get("/api/v1/sessions?address=not-an-address").await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (422, Some("address"))
+    );
+    let (status, body) = get("/api/v1/sessions?route=sideways").await;
+    assert_eq!((status, code(&body)), (400, "bad_request"));
+    let (status, body) = get("/api/v1/sessions?colour=blue").await;
+    assert_eq!((status, code(&body)), (400, "bad_request"));
+    let (status, body) = get("/api/v1/sessions/not-a-number").await;
+    assert_eq!((status, code(&body)), (400, "bad_request"));
+    let (status, body) = get("/api/v1/sessions/12345").await;
+    assert_eq!((status, code(&body)), (404, "not_found"));
+    let (status, body) = get("/api/v1/peers/nobody").await;
+    assert_eq!((status, code(&body)), (404, "not_found"));
+    let (status, body) = get("/api/v1/nothing-here").await;
+    assert_eq!((status, code(&body)), (404, "not_found"));
+    let (status, body) = call("DELETE", format!("{base}/api/v1/status"), Some(TOKEN), None).await;
+    assert_eq!((status, code(&body)), (405, "method_not_allowed"));
+    let put = |path: &str, body: &str| {
+        call(
+            "PUT",
+            format!("{base}{path}"),
+            Some(TOKEN),
+            Some(("application/json", body.to_string())),
+        )
+    };
+    let (status, body) = put("/api/v1/log-level", "{\"filter\": ").await;
+    assert_eq!((status, code(&body)), (400, "bad_request"));
+    let (status, body) = put("/api/v1/log-level", "{\"level\": \"debug\"}").await;
+    assert_eq!((status, code(&body)), (422, "invalid_value"));
+    let (status, body) = put("/api/v1/log-level", "{\"filter\": \"!\"}").await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (422, Some("filter"))
+    );
+    let (status, body) = put("/api/v1/peers/nobody/bypass", "{\"force\": true}").await;
+    assert_eq!((status, code(&body)), (404, "not_found"));
+    let (status, body) = call(
+        "POST",
+        format!("{base}/api/v1/config/check"),
+        Some(TOKEN),
+        Some(("text/plain", "bad".into())),
+    )
+    .await;
+    assert_eq!(
+        (
+            status,
+            code(&body),
+            body["error"]["field"].as_str(),
+            body["error"]["line"].as_u64()
+        ),
+        (422, "invalid_config", Some("tunnel.listen"), Some(2))
+    );
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn log_level_and_config_changes_reach_the_daemon() {
+    let api = start(|_| {}).await;
+    let (status, body) = call(
+        "PUT",
+        format!("{}/api/v1/log-level", api.base),
+        Some(TOKEN),
+        Some(("application/json", "{\"filter\": \"debug\"}".into())),
+    )
+    .await;
+    assert_eq!((status, body["filter"].as_str()), (200, Some("debug")));
+    assert_eq!(api.stand.log_filter(), "debug");
+    let (status, body) = call(
+        "PUT",
+        format!("{}/api/v1/config", api.base),
+        Some(TOKEN),
+        Some(("text/plain", "[tunnel]\n".into())),
+    )
+    .await;
+    assert_eq!((status, body["applied"].as_bool()), (200, Some(true)));
+    assert_eq!(*api.stand.applied.lock().unwrap(), ["[tunnel]\n"]);
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_refused() {
+    let api = start(|c| c.max_body = 1024).await;
+    let (status, body) = call(
+        "POST",
+        format!("{}/api/v1/config/check", api.base),
+        Some(TOKEN),
+        Some(("text/plain", "#".repeat(4096))),
+    )
+    .await;
+    assert_eq!((status, code(&body)), (413, "payload_too_large"));
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route() {
+    let api = start(|_| {}).await;
+    let (status, doc) = call(
+        "GET",
+        format!("{}/api/v1/openapi.json", api.base),
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let paths = doc["paths"].as_object().unwrap();
+    for path in [
+        "/api/v1/health",
+        "/api/v1/status",
+        "/api/v1/peers",
+        "/api/v1/peers/{name}",
+        "/api/v1/peers/{name}/bypass",
+        "/api/v1/sessions",
+        "/api/v1/sessions/{id}",
+        "/api/v1/config",
+        "/api/v1/config/check",
+        "/api/v1/log-level",
+        "/metrics",
+    ] {
+        assert!(
+            paths.contains_key(path),
+            "{path} missing from {:?}",
+            paths.keys()
+        );
+    }
+    assert!(doc["components"]["securitySchemes"]["token"].is_object());
+    assert!(doc["components"]["schemas"]["ErrorBody"].is_object());
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn metrics_are_openmetrics_text() {
+    let api = start(|_| {}).await;
+    let (status, body) = call("GET", format!("{}/metrics", api.base), Some(TOKEN), None).await;
+    assert_eq!(status, 200);
+    let text = body.as_str().unwrap();
+    assert!(text.contains("wsx_uptime_seconds "), "{text}");
+    assert!(
+        text.contains("wsx_sessions_opened_total{route=\"tunnel\"} 0"),
+        "{text}"
+    );
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn requests_beyond_the_concurrency_limit_are_refused_not_queued() {
+    let api = start(|c| c.max_concurrent = 1).await;
+    // Many at once: some are served, the rest refused as busy, none hangs or fails otherwise.
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            tokio::spawn(call(
+                "GET",
+                format!("{}/metrics", api.base),
+                Some(TOKEN),
+                None,
+            ))
+        })
+        .collect();
+    let mut served = 0;
+    for c in calls {
+        let (status, body) = c.await.unwrap();
+        match status {
+            200 => served += 1,
+            503 => assert_eq!(code(&body), "busy"),
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert!(served >= 1);
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
