@@ -1,23 +1,24 @@
 //! The configuration file, `/etc/wsx/wsx.toml`: parsing, validation and conversion to the
 //! gateway's settings.
 //!
-//! Unknown fields are errors, and every error names the file, the line and column, and the
-//! field. The private key prints as `<secret>` wherever the configuration is logged or
-//! shown.
+//! Unknown fields are errors, and every error ([`ConfigError`]) names the file, the line and
+//! column, and the field. The private key and the API tokens print as `<secret>` wherever
+//! the configuration is logged or shown (`Debug`, and the JSON the API serves).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
+use wsx_api::{ApiConfig, TlsFiles};
 use wsx_proxy::{FailurePolicy, GatewayConfig, InterceptConfig, PeerConfig, SessionConfig};
 use wsx_tunnel::{FecMode, PublicKey, SecretKey};
 
 /// The whole file.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Config {
     pub(crate) tunnel: Tunnel,
@@ -29,9 +30,11 @@ pub(crate) struct Config {
     pub(crate) peers: Vec<Peer>,
     #[serde(default)]
     pub(crate) log: Log,
+    /// The management API; leave the table out to run without it.
+    pub(crate) api: Option<Api>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Tunnel {
     /// The tunnel's UDP address.
@@ -45,7 +48,7 @@ pub(crate) struct Tunnel {
     pub(crate) max_rate_mbit: Option<f64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Intercept {
     #[serde(default = "default_port")]
@@ -60,7 +63,7 @@ pub(crate) struct Intercept {
     pub(crate) rule_priority: u32,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct Sessions {
     pub(crate) transparent_origin: bool,
@@ -95,7 +98,7 @@ impl Default for Sessions {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Peer {
     pub(crate) name: Spanned<String>,
@@ -120,7 +123,7 @@ pub(crate) struct Peer {
     pub(crate) fec_max_overhead: Spanned<f64>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum Fec {
     Off,
@@ -129,7 +132,7 @@ pub(crate) enum Fec {
     Adaptive,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum OnFailure {
     #[default]
@@ -137,7 +140,7 @@ pub(crate) enum OnFailure {
     Reject,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Log {
     /// A tracing filter: `info`, `debug`, `wsx_proxy=debug,info`…
@@ -151,6 +154,34 @@ impl Default for Log {
             level: default_level(),
         }
     }
+}
+
+/// `[api]`: where the REST API listens and who may use it.
+#[derive(Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Api {
+    /// Localhost by default: put it elsewhere only with TLS, or behind a firewall.
+    #[serde(default = "default_api_listen")]
+    pub(crate) listen: SocketAddr,
+    /// Bearer tokens, or…
+    #[serde(default, serialize_with = "mask_all")]
+    pub(crate) tokens: Vec<Spanned<String>>,
+    /// …a file of them, one per line (`#` comments).
+    pub(crate) token_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain and key (PEM files).
+    pub(crate) tls_cert: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
+}
+
+/// The shortest token accepted: 128 bits in the base64 of `wsx gentoken` is 22 characters.
+const MIN_TOKEN_LEN: usize = 16;
+
+fn default_api_listen() -> SocketAddr {
+    ApiConfig::DEFAULT_LISTEN
+}
+
+fn mask_all<S: Serializer>(tokens: &[Spanned<String>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(tokens.iter().map(|_| "<secret>"))
 }
 
 fn default_listen() -> SocketAddr {
@@ -193,6 +224,12 @@ impl fmt::Debug for Secret {
     }
 }
 
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<secret>")
+    }
+}
+
 impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
@@ -207,6 +244,12 @@ impl<'de> Deserialize<'de> for Secret {
 #[derive(Debug)]
 pub(crate) struct Key(pub(crate) PublicKey);
 
+impl Serialize for Key {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
 impl<'de> Deserialize<'de> for Key {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
@@ -215,6 +258,34 @@ impl<'de> Deserialize<'de> for Key {
             .map_err(|e| serde::de::Error::custom(format!("not a public key: {e}")))
     }
 }
+
+/// What is wrong with a configuration, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConfigError {
+    pub(crate) file: PathBuf,
+    /// Line and column (1-based), when the error is about one place in the file.
+    pub(crate) position: Option<(usize, usize)>,
+    /// The field's path: `peer[1].prefixes[0]`.
+    pub(crate) field: Option<String>,
+    pub(crate) message: String,
+}
+
+impl fmt::Display for ConfigError {
+    /// `file:line:column: field: message`, leaving out what is not known.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some((line, column)) = self.position {
+            write!(f, ":{line}:{column}")?;
+        }
+        f.write_str(":")?;
+        if let Some(field) = &self.field {
+            write!(f, " {field}:")?;
+        }
+        write!(f, " {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 /// A configuration read from a file, with what is needed to report errors against it.
 #[derive(Debug)]
@@ -241,17 +312,13 @@ impl Loaded {
                 .to_string()
                 .replace(".$__serde_spanned_private_value", "");
             let e = e.into_inner();
-            let at = e
-                .span()
-                .map(|s| position(&text, s.start))
-                .unwrap_or_default();
-            // The root path is ".": the error is about the file as a whole.
-            let field = if field == "." {
-                String::new()
-            } else {
-                format!(" {field}:")
-            };
-            anyhow::anyhow!("{}{at}:{field} {}", path.display(), e.message().trim_end())
+            anyhow::Error::new(ConfigError {
+                file: path.to_path_buf(),
+                position: e.span().map(|s| position(&text, s.start)),
+                // The root path is ".": the error is about the file as a whole.
+                field: (field != ".").then_some(field),
+                message: e.message().trim_end().to_owned(),
+            })
         })?;
         Ok(Self {
             path: path.to_path_buf(),
@@ -260,9 +327,74 @@ impl Loaded {
         })
     }
 
-    /// `file:line:column` of a byte offset, for errors found after parsing.
-    fn at(&self, offset: usize) -> String {
-        format!("{}{}", self.path.display(), position(&self.text, offset))
+    /// An error found after parsing, at a byte offset of the text if it is about one place.
+    fn error(
+        &self,
+        offset: Option<usize>,
+        field: impl Into<String>,
+        message: impl fmt::Display,
+    ) -> anyhow::Error {
+        anyhow::Error::new(ConfigError {
+            file: self.path.clone(),
+            position: offset.map(|o| position(&self.text, o)),
+            field: Some(field.into()),
+            message: message.to_string(),
+        })
+    }
+
+    /// The API's settings, if the file has an `[api]` table.
+    pub(crate) fn api(&self) -> Result<Option<ApiConfig>> {
+        let Some(a) = &self.config.api else {
+            return Ok(None);
+        };
+        let mut tokens: Vec<String> = a.tokens.iter().map(|t| t.get_ref().clone()).collect();
+        for t in &a.tokens {
+            if t.get_ref().len() < MIN_TOKEN_LEN {
+                return Err(self.error(
+                    Some(t.span().start),
+                    "api.tokens",
+                    format!("a token must have at least {MIN_TOKEN_LEN} characters (wsx gentoken makes one)"),
+                ));
+            }
+        }
+        if let Some(file) = &a.token_file {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                self.error(
+                    None,
+                    "api.token_file",
+                    format!("reading {}: {e}", file.display()),
+                )
+            })?;
+            for line in text.lines().map(str::trim) {
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                if line.len() < MIN_TOKEN_LEN {
+                    return Err(self.error(
+                        None,
+                        "api.token_file",
+                        format!(
+                            "{}: a token must have at least {MIN_TOKEN_LEN} characters",
+                            file.display()
+                        ),
+                    ));
+                }
+                tokens.push(line.to_owned());
+            }
+        }
+        let mut api = ApiConfig::new(tokens);
+        api.listen = a.listen;
+        api.tls = match (&a.tls_cert, &a.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(self.error(None, "api", "give both tls_cert and tls_key, or neither"));
+            }
+        };
+        Ok(Some(api))
     }
 
     /// Checks what parsing cannot and builds the gateway's configuration.
@@ -271,37 +403,40 @@ impl Loaded {
         let secret = match (&c.tunnel.private_key, &c.tunnel.private_key_file) {
             (Some(key), None) => key.get_ref().0.clone(),
             (None, Some(file)) => {
-                let text = std::fs::read_to_string(file).with_context(|| {
-                    format!(
-                        "{}: tunnel.private_key_file: reading {}",
-                        self.path.display(),
-                        file.display()
+                let text = std::fs::read_to_string(file).map_err(|e| {
+                    self.error(
+                        None,
+                        "tunnel.private_key_file",
+                        format!("reading {}: {e}", file.display()),
                     )
                 })?;
                 text.parse().map_err(|e| {
-                    anyhow::anyhow!(
-                        "{}: tunnel.private_key_file: {}: not a private key: {e}",
-                        self.path.display(),
-                        file.display()
+                    self.error(
+                        None,
+                        "tunnel.private_key_file",
+                        format!("{}: not a private key: {e}", file.display()),
                     )
                 })?
             }
-            (Some(key), Some(_)) => bail!(
-                "{}: tunnel: give private_key or private_key_file, not both",
-                self.at(key.span().start)
-            ),
-            (None, None) => bail!(
-                "{}: tunnel: private_key or private_key_file is required",
-                self.path.display()
-            ),
+            (Some(key), Some(_)) => {
+                return Err(self.error(
+                    Some(key.span().start),
+                    "tunnel",
+                    "give private_key or private_key_file, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(self.error(
+                    None,
+                    "tunnel",
+                    "private_key or private_key_file is required",
+                ));
+            }
         };
         let mut gateway = GatewayConfig::new(secret, c.tunnel.listen);
         if let Some(mbit) = c.tunnel.max_rate_mbit {
             if !(mbit > 0.0 && mbit.is_finite()) {
-                bail!(
-                    "{}: tunnel.max_rate_mbit: must be a positive number",
-                    self.path.display()
-                );
+                return Err(self.error(None, "tunnel.max_rate_mbit", "must be a positive number"));
             }
             gateway.transport.max_rate = Some((mbit * 1e6 / 8.0) as u64);
         }
@@ -316,24 +451,23 @@ impl Loaded {
         });
         if let Some(i) = &c.intercept {
             if i.port == 0 || i.mark == 0 || i.route_table == 0 {
-                bail!(
-                    "{}: intercept: port, mark and route_table must be non-zero",
-                    self.path.display()
-                );
+                return Err(self.error(
+                    None,
+                    "intercept",
+                    "port, mark and route_table must be non-zero",
+                ));
             }
         }
         let s = &c.sessions;
         if s.max_sessions == 0 || s.relay_buffer_kib == 0 {
-            bail!(
-                "{}: sessions: max_sessions and relay_buffer_kib must be non-zero",
-                self.path.display()
-            );
+            return Err(self.error(
+                None,
+                "sessions",
+                "max_sessions and relay_buffer_kib must be non-zero",
+            ));
         }
         if s.health_timeout < Duration::from_millis(200) {
-            bail!(
-                "{}: sessions.health_timeout: at least 200ms",
-                self.path.display()
-            );
+            return Err(self.error(None, "sessions.health_timeout", "at least 200ms"));
         }
         gateway.transparent_origin = s.transparent_origin;
         let mut sessions = SessionConfig::default();
@@ -347,41 +481,43 @@ impl Loaded {
         let own_key = gateway.secret.public_key();
         for (i, p) in c.peers.iter().enumerate() {
             let name = p.name.get_ref();
+            let at_name = Some(p.name.span().start);
+            let at_key = Some(p.public_key.span().start);
             if name.is_empty() {
-                bail!(
-                    "{}: peer[{i}].name: must not be empty",
-                    self.at(p.name.span().start)
-                );
+                return Err(self.error(at_name, format!("peer[{i}].name"), "must not be empty"));
             }
-            if let Some(earlier) = c.peers[..i].iter().find(|o| o.name.get_ref() == name) {
-                let _ = earlier;
-                bail!(
-                    "{}: peer[{i}].name: \"{name}\" is used by another peer",
-                    self.at(p.name.span().start)
-                );
+            if c.peers[..i].iter().any(|o| o.name.get_ref() == name) {
+                return Err(self.error(
+                    at_name,
+                    format!("peer[{i}].name"),
+                    format!("\"{name}\" is used by another peer"),
+                ));
             }
             if c.peers[..i]
                 .iter()
                 .any(|o| o.public_key.get_ref().0 == p.public_key.get_ref().0)
             {
-                bail!(
-                    "{}: peer[{i}].public_key: used by another peer",
-                    self.at(p.public_key.span().start)
-                );
+                return Err(self.error(
+                    at_key,
+                    format!("peer[{i}].public_key"),
+                    "used by another peer",
+                ));
             }
             if p.public_key.get_ref().0 == own_key {
-                bail!(
-                    "{}: peer[{i}].public_key: this is the gateway's own key",
-                    self.at(p.public_key.span().start)
-                );
+                return Err(self.error(
+                    at_key,
+                    format!("peer[{i}].public_key"),
+                    "this is the gateway's own key",
+                ));
             }
             if let Some(secondary) = &p.secondary {
                 let s = secondary.get_ref();
                 if s == name || !c.peers.iter().any(|o| o.name.get_ref() == s) {
-                    bail!(
-                        "{}: peer[{i}].secondary: \"{s}\" is not another peer's name",
-                        self.at(secondary.span().start)
-                    );
+                    return Err(self.error(
+                        Some(secondary.span().start),
+                        format!("peer[{i}].secondary"),
+                        format!("\"{s}\" is not another peer's name"),
+                    ));
                 }
             }
             let mut peer = PeerConfig::new(name.clone(), p.public_key.get_ref().0);
@@ -395,10 +531,11 @@ impl Loaded {
             peer.force_bypass = p.force_bypass;
             let level = *p.compression_level.get_ref();
             if !(1..=9).contains(&level) {
-                bail!(
-                    "{}: peer[{i}].compression_level: 1 (fastest) to 9 (smallest)",
-                    self.at(p.compression_level.span().start)
-                );
+                return Err(self.error(
+                    Some(p.compression_level.span().start),
+                    format!("peer[{i}].compression_level"),
+                    "1 (fastest) to 9 (smallest)",
+                ));
             }
             peer.compression = p.compression.then_some(level);
             peer.fec = match p.fec {
@@ -408,10 +545,11 @@ impl Loaded {
             };
             let overhead = *p.fec_max_overhead.get_ref();
             if !(overhead > 0.0 && overhead <= 1.0) {
-                bail!(
-                    "{}: peer[{i}].fec_max_overhead: above 0 and at most 1 (parity packets per data packet)",
-                    self.at(p.fec_max_overhead.span().start)
-                );
+                return Err(self.error(
+                    Some(p.fec_max_overhead.span().start),
+                    format!("peer[{i}].fec_max_overhead"),
+                    "above 0 and at most 1 (parity packets per data packet)",
+                ));
             }
             peer.fec_max_overhead = overhead;
             gateway.peers.push(peer);
@@ -420,12 +558,12 @@ impl Loaded {
     }
 }
 
-/// `:line:column` (1-based) of a byte offset.
-fn position(text: &str, offset: usize) -> String {
-    let before = &text[..offset.min(text.len())];
+/// Line and column (1-based) of a byte offset.
+fn position(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    format!(":{line}:{column}")
+    (line, column)
 }
 
 #[cfg(test)]
@@ -622,5 +760,77 @@ fec = "off"
         let shown = format!("{:?}", loaded.config);
         assert!(shown.contains("<secret>"));
         assert!(!shown.contains(KEY_A));
+    }
+
+    #[test]
+    fn secrets_are_masked_in_the_json_the_api_shows() {
+        let token = "a-token-of-some-length";
+        let loaded = Loaded::parse(
+            Path::new("wsx.toml"),
+            format!("[tunnel]\nprivate_key = \"{KEY_A}\"\n[api]\ntokens = [\"{token}\"]\n"),
+        )
+        .unwrap();
+        let json = serde_json::to_string(&loaded.config).unwrap();
+        assert!(!json.contains(KEY_A) && !json.contains(token), "{json}");
+        assert!(json.contains("\"private_key\":\"<secret>\""), "{json}");
+        assert!(json.contains("\"tokens\":[\"<secret>\"]"), "{json}");
+        // Defaults are filled in.
+        assert!(json.contains("\"max_sessions\":"), "{json}");
+    }
+
+    #[test]
+    fn the_api_section_is_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("api.token");
+        std::fs::write(&file, "# operators\nfile-token-0123456789\n\n").unwrap();
+        let text = |api: &str| format!("[tunnel]\nprivate_key = \"{KEY_A}\"\n[api]\n{api}\n");
+        let loaded = |api: &str| Loaded::parse(Path::new("wsx.toml"), text(api)).unwrap();
+        let api = loaded(&format!(
+            "listen = \"[::1]:9999\"\ntokens = [\"inline-token-0123456\"]\ntoken_file = \"{}\"",
+            file.display()
+        ))
+        .api()
+        .unwrap()
+        .unwrap();
+        assert_eq!(api.listen, "[::1]:9999".parse().unwrap());
+        assert_eq!(
+            api.tokens,
+            ["inline-token-0123456", "file-token-0123456789"]
+        );
+        let api = loaded("").api().unwrap().unwrap();
+        assert_eq!(api.listen, ApiConfig::DEFAULT_LISTEN);
+        assert!(api.tokens.is_empty());
+        let none = Loaded::parse(
+            Path::new("wsx.toml"),
+            format!("[tunnel]\nprivate_key = \"{KEY_A}\"\n"),
+        );
+        assert!(none.unwrap().api().unwrap().is_none());
+        let e = loaded("tokens = [\"short\"]")
+            .api()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("wsx.toml:4:11: api.tokens: a token must have at least 16"),
+            "{e}"
+        );
+        let e = loaded("tls_cert = \"/x.pem\"")
+            .api()
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "wsx.toml: api: give both tls_cert and tls_key, or neither"
+        );
+    }
+
+    #[test]
+    fn errors_carry_the_field_and_position_for_the_api() {
+        let e = parse(&format!(
+            "[tunnel]\nprivate_key = \"{KEY_A}\"\n[sessions]\nmax_sessions = \"many\"\n"
+        ))
+        .unwrap_err();
+        let c = e.downcast_ref::<ConfigError>().unwrap();
+        assert_eq!(c.field.as_deref(), Some("sessions.max_sessions"));
+        assert_eq!(c.position, Some((4, 16)));
     }
 }

@@ -1,40 +1,57 @@
-//! `wsx run`: the gateway under systemd.
+//! `wsx run`: the gateway and its API under systemd.
 
 use crate::config::Loaded;
+use crate::control::{Daemon, LogControl};
 use anyhow::{Context, Result};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, reload};
+use wsx_api::ApiServer;
 use wsx_proxy::Gateway;
 use wsx_proxy::rules::{self, RulesConfig};
 
 pub(crate) fn run(path: &Path) -> Result<()> {
     let loaded = Loaded::read(path)?;
     let config = loaded.gateway()?;
-    init_logging(&loaded.config.log.level)?;
-    let drain = loaded.config.sessions.drain_timeout;
+    let api = loaded.api()?;
+    let log = init_logging(&loaded.config.log.level)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("wsx")
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async move {
-        let gateway = Gateway::start(config).await?;
+        let gateway = Arc::new(Gateway::start(config).await?);
+        let daemon = Arc::new(Daemon::new(gateway.clone(), loaded, log));
+        let api = match api {
+            Some(api) => match ApiServer::start(api, daemon.clone()).await {
+                Ok(server) => Some(server),
+                Err(e) => {
+                    // The gateway is up and its rules installed: take them down again.
+                    drop(daemon);
+                    stop_gateway(gateway, Duration::ZERO).await;
+                    return Err(e.into());
+                }
+            },
+            None => None,
+        };
         info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), "wsx running");
         notify(&[sd_notify::NotifyState::Ready]);
         let watchdog = tokio::spawn(watchdog());
         let mut hangup = signal(SignalKind::hangup())?;
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
-        let mut drain = drain;
         loop {
             tokio::select! {
                 _ = hangup.recv() => {
                     notify(&[sd_notify::NotifyState::Reloading]);
-                    match reload(&gateway, path).await {
-                        Ok(new_drain) => drain = new_drain,
+                    match daemon.reload_file().await {
+                        Ok(()) => info!("configuration reloaded from the file"),
                         Err(e) => error!("reload failed, keeping the running configuration: {e:#}"),
                     }
                     notify(&[sd_notify::NotifyState::Ready]);
@@ -43,20 +60,32 @@ pub(crate) fn run(path: &Path) -> Result<()> {
                 _ = interrupt.recv() => break,
             }
         }
+        let drain = daemon.drain_timeout();
         info!(deadline = ?drain, "stopping");
         notify(&[sd_notify::NotifyState::Stopping]);
         watchdog.abort();
-        gateway.shutdown(drain).await;
+        if let Some(api) = api {
+            api.shutdown(Duration::from_secs(1)).await;
+        }
+        drop(daemon);
+        stop_gateway(gateway, drain).await;
         info!("stopped");
         Ok(())
     })
 }
 
-async fn reload(gateway: &Gateway, path: &Path) -> Result<Duration> {
-    let loaded = Loaded::read(path)?;
-    let config = loaded.gateway()?;
-    gateway.reload(config).await?;
-    Ok(loaded.config.sessions.drain_timeout)
+/// Drains and stops the gateway once the API has let go of it.
+async fn stop_gateway(gateway: Arc<Gateway>, drain: Duration) {
+    let mut gateway = gateway;
+    // The API's last connections drop their handles within moments of its shutdown.
+    for _ in 0..200 {
+        match Arc::try_unwrap(gateway) {
+            Ok(gateway) => return gateway.shutdown(drain).await,
+            Err(shared) => gateway = shared,
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    warn!("the gateway is still in use; stopping without draining");
 }
 
 /// Removes the rules a configuration would install: after a crash, the table, the routing
@@ -79,22 +108,24 @@ pub(crate) fn cleanup(path: &Path) -> Result<()> {
 }
 
 /// One line per event; under systemd (journald keeps its own timestamps) without time or
-/// colour.
-fn init_logging(level: &str) -> Result<()> {
-    let filter = EnvFilter::try_from_env("WSX_LOG")
-        .or_else(|_| EnvFilter::try_new(level))
-        .with_context(|| format!("log.level: not a valid filter: {level}"))?;
+/// colour. The filter can change at runtime (the API's log level).
+fn init_logging(level: &str) -> Result<LogControl> {
+    let text = std::env::var("WSX_LOG").unwrap_or_else(|_| level.to_owned());
+    let filter = EnvFilter::try_new(&text)
+        .with_context(|| format!("log.level: not a valid filter: {text}"))?;
+    let (filter, handle) = reload::Layer::new(filter);
     let journal = std::env::var_os("JOURNAL_STREAM").is_some();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let format = tracing_subscriber::fmt::layer()
         .with_target(false)
+        .with_ansi(false)
         .with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     if journal {
-        builder.without_time().with_ansi(false).init();
+        registry.with(format.without_time()).init();
     } else {
-        builder.with_ansi(false).init();
+        registry.with(format).init();
     }
-    Ok(())
+    Ok(LogControl::new(handle, text))
 }
 
 fn notify(state: &[sd_notify::NotifyState<'_>]) {

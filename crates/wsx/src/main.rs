@@ -1,19 +1,29 @@
-//! The `wsx` binary: the gateway daemon (`wsx run`) and its helper commands.
+//! The `wsx` binary: the gateway daemon (`wsx run`), its helper commands, and the CLI that
+//! talks to a running gateway through its API.
 //!
-//! - `wsx run --config FILE`: installs the interception rules, runs the gateway, reloads on
+//! - `wsx run`: installs the interception rules, runs the gateway and its API, reloads on
 //!   SIGHUP, drains on SIGTERM, tells systemd (Type=notify) when it is ready and stopping.
 //! - `wsx check-config FILE`: parses and validates a file; errors name file, line, column
 //!   and field.
 //! - `wsx genkey` / `wsx pubkey`: keys in the base64 form the configuration takes, as
-//!   WireGuard's `wg genkey` / `wg pubkey`.
-//! - `wsx cleanup --config FILE`: removes the rules a crashed run left (systemd's
-//!   `ExecStopPost`), so that traffic flows unaccelerated.
+//!   WireGuard's `wg genkey` / `wg pubkey`; `wsx gentoken`: an API token.
+//! - `wsx cleanup`: removes the rules a crashed run left (systemd's `ExecStopPost`), so
+//!   that traffic flows unaccelerated.
+//! - `wsx status`, `peers`, `sessions`, `session kill`, `bypass`, `config`, `log-level`: the
+//!   API's client ([`cli`]).
+//! - `wsx completions SHELL`: shell completions.
+//!
+//! Every command reads the configuration file given by `--config` (default
+//! `/etc/wsx/wsx.toml`).
 
+mod cli;
 mod config;
+mod control;
 mod daemon;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use base64::Engine;
+use clap::{CommandFactory, Parser, Subcommand};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,31 +35,33 @@ use wsx_tunnel::SecretKey;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    connection: cli::Connection,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway.
-    Run {
-        #[arg(long, short, default_value = "/etc/wsx/wsx.toml")]
-        config: PathBuf,
-    },
+    Run,
     /// Check a configuration file and exit.
     CheckConfig { file: PathBuf },
     /// Print a new private key (base64).
     Genkey,
     /// Read a private key on standard input and print its public key.
     Pubkey,
+    /// Print a new API token (192 random bits, base64url).
+    Gentoken,
     /// Remove the interception rules of the configuration (after a crash).
-    Cleanup {
-        #[arg(long, short, default_value = "/etc/wsx/wsx.toml")]
-        config: PathBuf,
-    },
+    Cleanup,
+    /// Print shell completions (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    #[command(flatten)]
+    Api(cli::ApiCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli.command) {
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("wsx: {e:#}");
@@ -58,21 +70,24 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(command: Command) -> Result<()> {
-    match command {
-        Command::Run { config } => daemon::run(&config),
+fn run(cli: Cli) -> Result<()> {
+    let config = cli.connection.config_path().to_path_buf();
+    match cli.command {
+        Command::Run => daemon::run(&config),
         Command::CheckConfig { file } => {
             let loaded = config::Loaded::read(&file)?;
             let gateway = loaded.gateway()?;
+            let api = loaded.api()?;
             println!(
-                "{}: ok ({} peer(s), interception {})",
+                "{}: ok ({} peer(s), interception {}, API {})",
                 file.display(),
                 gateway.peers.len(),
                 if gateway.intercept.is_some() {
                     "on"
                 } else {
                     "off"
-                }
+                },
+                api.map_or("off".to_string(), |a| format!("on {}", a.listen)),
             );
             Ok(())
         }
@@ -91,6 +106,20 @@ fn run(command: Command) -> Result<()> {
             println!("{}", key.public_key());
             Ok(())
         }
-        Command::Cleanup { config } => daemon::cleanup(&config),
+        Command::Gentoken => {
+            let mut bytes = [0u8; 24];
+            getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+            println!(
+                "{}",
+                base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+            );
+            Ok(())
+        }
+        Command::Cleanup => daemon::cleanup(&config),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "wsx", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Api(command) => cli::run(command, cli.connection),
     }
 }
