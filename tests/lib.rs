@@ -8,6 +8,7 @@
 // Test support: a failed setup is a failed test.
 #![allow(clippy::unwrap_used)]
 
+use std::hash::{DefaultHasher, Hasher};
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
 use wsx_lab::{Lab, Node, WanSpec, addr};
+use wsx_tunnel::SecretKey;
 
 /// The `wsx` binary `cargo xtask test` built beside the test executables.
 pub fn wsx_binary() -> PathBuf {
@@ -316,6 +318,93 @@ pub fn gateway_lab() -> Lab {
         ..WanSpec::default()
     };
     Lab::start(&wan.emulator_config()).unwrap()
+}
+
+/// A directory for one lab's configuration files.
+pub fn config_dir(lab: &Lab) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wsx-e2e-{}", lab.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Configurations for both gateways of the lab, each pointing at the other.
+#[derive(Debug, Clone)]
+pub struct Configs {
+    pub gw_a: String,
+    pub gw_b: String,
+}
+
+/// gw-a with key `a` carries the server LAN's prefixes to gw-b with key `b`, and gw-b the
+/// client LAN's to gw-a; both intercept on `lan0`.
+pub fn configs_with(a: &SecretKey, b: &SecretKey) -> Configs {
+    let config =
+        |secret: &SecretKey, peer: &SecretKey, name: &str, endpoint: IpAddr, remote: String| {
+            format!(
+                r#"[tunnel]
+listen = "[::]:4500"
+private_key = "{}"
+
+[intercept]
+interfaces = ["lan0"]
+
+[sessions]
+connect_timeout = "3s"
+drain_timeout = "2s"
+
+[[peer]]
+name = "{name}"
+public_key = "{}"
+endpoint = "{}"
+prefixes = {remote}
+"#,
+                secret.to_base64(),
+                peer.public_key(),
+                SocketAddr::new(endpoint, 4500)
+            )
+        };
+    Configs {
+        gw_a: config(
+            a,
+            b,
+            "gw-b",
+            addr::GWB_WAN_V4.into(),
+            toml_list(&addr::server_lan()),
+        ),
+        gw_b: config(
+            b,
+            a,
+            "gw-a",
+            addr::GWA_WAN_V4.into(),
+            toml_list(&addr::client_lan()),
+        ),
+    }
+}
+
+/// Waits until each gateway has put `n` tunnels in service since it started.
+pub fn wait_for_tunnel(gw_a: &Daemon, gw_b: &Daemon, n: usize) {
+    for gw in [gw_a, gw_b] {
+        gw.wait_for_count("tunnel in service", n, Duration::from_secs(20));
+    }
+}
+
+/// A 64-bit digest of `data`, to compare what was sent with what arrived.
+pub fn digest(data: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    h.write(data);
+    h.finish()
+}
+
+/// `len` bytes of xorshift output from `seed`.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
 
 /// Strings as a TOML array.

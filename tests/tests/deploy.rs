@@ -138,9 +138,16 @@ fn the_deployment_guide_works_under_systemd() {
             "tproxy ip6 to",
             "0x7773",
             "local default",
+            "tunnel address",
         ] {
             assert!(out.contains(expected), "no {expected:?} in:\n{out}");
         }
+        // `wsx status`, through the API with the guide's token: the peer is up.
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("gw-") && l.split_whitespace().nth(1) == Some("up")),
+            "no peer up in:\n{out}"
+        );
         // The unit runs wsx as its own user with only its three capabilities.
         let user = m.sh_ok("ps -o user= -C wsx");
         assert_eq!(user.trim(), "wsx");

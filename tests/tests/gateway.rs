@@ -5,13 +5,15 @@
 // Test code: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
 
-use std::hash::{DefaultHasher, Hasher};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use wsx_e2e::{Daemon, assert_no_rules, listen, toml_list, transfer, transfer_payload};
+use wsx_e2e::{
+    Configs, Daemon, assert_no_rules, configs_with, digest, listen, pseudo_random, transfer,
+    transfer_payload, wait_for_tunnel,
+};
 use wsx_lab::traffic::PayloadKind;
 use wsx_lab::{Lab, Node, addr};
 use wsx_tunnel::SecretKey;
@@ -25,64 +27,13 @@ fn serial() -> MutexGuard<'static, ()> {
 /// A lab with a 40 ms, 0.5 % loss, 100 Mbit/s WAN, and a directory for configurations.
 fn lab() -> (Lab, PathBuf) {
     let lab = wsx_e2e::gateway_lab();
-    let dir = std::env::temp_dir().join(format!("wsx-e2e-{}", lab.name()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = wsx_e2e::config_dir(&lab);
     (lab, dir)
-}
-
-/// Configurations for both gateways, each pointing at the other.
-struct Configs {
-    gw_a: String,
-    gw_b: String,
 }
 
 fn configs() -> Configs {
     let (a, b) = (SecretKey::generate(), SecretKey::generate());
     configs_with(&a, &b)
-}
-
-fn configs_with(a: &SecretKey, b: &SecretKey) -> Configs {
-    let config =
-        |secret: &SecretKey, peer: &SecretKey, name: &str, endpoint: IpAddr, remote: String| {
-            format!(
-                r#"[tunnel]
-listen = "[::]:4500"
-private_key = "{}"
-
-[intercept]
-interfaces = ["lan0"]
-
-[sessions]
-connect_timeout = "3s"
-drain_timeout = "2s"
-
-[[peer]]
-name = "{name}"
-public_key = "{}"
-endpoint = "{}"
-prefixes = {remote}
-"#,
-                secret.to_base64(),
-                peer.public_key(),
-                SocketAddr::new(endpoint, 4500)
-            )
-        };
-    Configs {
-        gw_a: config(
-            a,
-            b,
-            "gw-b",
-            addr::GWB_WAN_V4.into(),
-            toml_list(&addr::server_lan()),
-        ),
-        gw_b: config(
-            b,
-            a,
-            "gw-a",
-            addr::GWA_WAN_V4.into(),
-            toml_list(&addr::client_lan()),
-        ),
-    }
 }
 
 /// Both gateways running with a tunnel between them.
@@ -92,31 +43,6 @@ fn gateways(lab: &Lab, dir: &std::path::Path) -> (Daemon, Daemon) {
     let gw_b = Daemon::start(lab, Node::GwB, dir, &c.gw_b);
     wait_for_tunnel(&gw_a, &gw_b, 1);
     (gw_a, gw_b)
-}
-
-/// Waits until each gateway has put `n` tunnels in service since it started.
-fn wait_for_tunnel(gw_a: &Daemon, gw_b: &Daemon, n: usize) {
-    for gw in [gw_a, gw_b] {
-        gw.wait_for_count("tunnel in service", n, Duration::from_secs(20));
-    }
-}
-
-fn digest(data: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    h.write(data);
-    h.finish()
-}
-
-fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// The client sends a request and half-closes; the server reads to the end (so the FIN

@@ -2,7 +2,9 @@
 //!
 //! The end-to-end tests build network namespaces, so this needs root; it says so and fails
 //! rather than skipping them. It installs the Debian packages the lab uses when they are
-//! missing, removes leftovers of killed runs first, and fails if the run leaks namespaces.
+//! missing, and schemathesis (the property-based API tester, from PyPI, in a virtual
+//! environment under `target/tools`), removes leftovers of killed runs first, and fails if
+//! the run leaks namespaces.
 
 use anyhow::{Context, Result, bail};
 use std::process::Command;
@@ -15,7 +17,7 @@ pub(crate) struct TestArgs {
 }
 
 /// Programs the lab needs and the Debian packages that provide them.
-const REQUIRED: [(&str, &str); 6] = [
+const REQUIRED: [(&str, &str); 7] = [
     ("ip", "iproute2"),
     ("ethtool", "ethtool"),
     ("nft", "nftables"),
@@ -23,7 +25,12 @@ const REQUIRED: [(&str, &str); 6] = [
     // The deployment test boots systemd in the gateways' namespaces.
     ("systemctl", "systemd"),
     ("nsenter", "util-linux"),
+    // The API test's schemathesis runs in a virtual environment.
+    ("python3", "python3-venv"),
 ];
+
+/// The schemathesis release the API test was written against.
+const SCHEMATHESIS: &str = "schemathesis==4.32.5";
 
 pub(crate) fn run(args: &TestArgs) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -34,6 +41,7 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
         );
     }
     install_missing_packages()?;
+    let schemathesis = install_schemathesis()?;
     for ns in wsx_lab::clean(false)? {
         println!("removed leftover namespace {ns}");
     }
@@ -51,6 +59,7 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     let status = Command::new(&cargo)
         .args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
         .args(&args.cargo_args)
+        .env("WSX_SCHEMATHESIS", &schemathesis)
         .current_dir(&root)
         .status()?;
     let doc_status = Command::new(&cargo)
@@ -91,6 +100,10 @@ fn install_missing_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
+    install_packages(&missing)
+}
+
+fn install_packages(missing: &[&str]) -> Result<()> {
     let command = format!("apt-get update && apt-get install -y {}", missing.join(" "));
     if !on_path("apt-get") {
         bail!(
@@ -107,6 +120,53 @@ fn install_missing_packages() -> Result<()> {
         bail!("installing packages failed; run: {command}");
     }
     Ok(())
+}
+
+/// Installs schemathesis into `target/tools/schemathesis` unless it is there already, and
+/// returns the program's path.
+fn install_schemathesis() -> Result<std::path::PathBuf> {
+    let venv = crate::workspace_root().join("target/tools/schemathesis");
+    let program = venv.join("bin/schemathesis");
+    let version_ok = Command::new(&program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| {
+            let version = SCHEMATHESIS.trim_start_matches("schemathesis==");
+            String::from_utf8_lossy(&o.stdout).contains(version)
+        });
+    if version_ok {
+        return Ok(program);
+    }
+    // Debian's python3 needs python3-venv for `-m venv` (ensurepip).
+    let has_venv = Command::new("python3")
+        .args(["-c", "import ensurepip, venv"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_venv {
+        install_packages(&["python3-venv"])?;
+    }
+    println!("installing {SCHEMATHESIS} into {}", venv.display());
+    let status = Command::new("python3")
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv)
+        .status()
+        .context("running python3 -m venv")?;
+    if !status.success() {
+        bail!("creating the virtual environment {} failed", venv.display());
+    }
+    let status = Command::new(venv.join("bin/pip"))
+        .args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            SCHEMATHESIS,
+        ])
+        .status()
+        .context("running pip")?;
+    if !status.success() {
+        bail!("pip install {SCHEMATHESIS} failed");
+    }
+    Ok(program)
 }
 
 fn on_path(tool: &str) -> bool {
