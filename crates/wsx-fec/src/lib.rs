@@ -8,9 +8,10 @@
 //!   **groups**: packet `first + i` belongs to group `i % depth`, so a burst of `depth` losses
 //!   costs each group one. Each group of at most `k` packets gets up to `m` parity shards.
 //!   See [`Block`].
-//! - A **shard** is a packet as sent (header, ciphertext, tag) behind a two-byte length and
-//!   padded with zeros to the block's fixed shard size, so packets of unequal length code
-//!   together and come back with their true length. Groups closed early (a flush timer,
+//! - A **shard** is a packet as the caller protects it (the tunnel: a sealed packet without
+//!   the header bytes the receiver can rebuild) behind a two-byte length and padded with
+//!   zeros to the block's fixed shard size, so packets of unequal length code together and
+//!   come back with their true length. Groups closed early (a flush timer,
 //!   a trickle of data) count their missing members as zero shards, which neither side
 //!   sends.
 //! - [`Encoder`] (sender): packets are added as they leave; when the block is full or flushed,

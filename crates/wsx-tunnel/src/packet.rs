@@ -57,6 +57,13 @@ pub(crate) struct DataHeader {
     pub(crate) number: u64,
 }
 
+impl DataHeader {
+    /// The key phase a data packet's type byte says.
+    pub(crate) fn key_phase_of(type_byte: u8) -> bool {
+        type_byte & KEY_PHASE_BIT != 0
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum HeaderError {
     #[error("truncated header")]

@@ -15,6 +15,7 @@ use crate::coding::Writer;
 use crate::config::{FecMode, TransportConfig};
 use crate::frame;
 use crate::packet::PARITY_HEADER_LEN;
+use crate::packet::{DATA_HEADER_LEN, DataHeader, Header};
 use crate::range_set::RangeSet;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -29,6 +30,23 @@ const FLUSH_MIN: Duration = Duration::from_millis(1);
 const FLUSH_MAX: Duration = Duration::from_millis(50);
 /// The loss rate FEC "on" assumes at least.
 const ON_MIN_LOSS: f64 = 0.01;
+
+/// Bytes of a sealed data packet that its shard leaves out: the receiver id and the packet
+/// number (bytes 1..13), which the receiver knows (its own id; the number from the block).
+/// A shard carries the type byte, then the ciphertext and tag; so a protected packet can be
+/// this much longer than the shard holds.
+const REBUILT: usize = DATA_HEADER_LEN - 1;
+
+/// Calls `f` with the part of sealed data packet `packet` that its shard carries, made
+/// contiguous in place (the type byte copied over the last byte of the packet number), and
+/// puts the packet back as it was.
+fn with_shard<R>(packet: &mut [u8], f: impl FnOnce(&[u8]) -> R) -> R {
+    let saved = packet[REBUILT];
+    packet[REBUILT] = packet[0];
+    let result = f(&packet[REBUILT..]);
+    packet[REBUILT] = saved;
+    result
+}
 
 /// FEC counters of one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -167,12 +185,16 @@ impl Fec {
 
     /// The longest packet a block can carry.
     pub(super) fn max_protected(&self) -> usize {
-        self.encoder.max_packet()
+        self.encoder.max_packet() + REBUILT
     }
 
     /// A protected packet was sealed: it joins the open block, which is coded once full.
-    pub(super) fn on_sealed(&mut self, pn: u64, packet: &[u8]) {
-        if self.encoder.open_block().is_some() && self.encoder.add(pn, packet) {
+    pub(super) fn on_sealed(&mut self, pn: u64, packet: &mut [u8]) {
+        if self.encoder.open_block().is_none() || packet.len() < DATA_HEADER_LEN {
+            return;
+        }
+        let encoder = &mut self.encoder;
+        if with_shard(packet, |shard| encoder.add(pn, shard)) {
             self.close_block();
         }
     }
@@ -289,8 +311,13 @@ impl Fec {
 
     // ---- Receiver -----------------------------------------------------------------------
 
-    pub(super) fn stage(&mut self, pn: u64, packet: &[u8]) {
-        self.decoder.stage(pn, packet);
+    /// Keeps a copy of a protected packet (of at least a data header) before it is
+    /// decrypted in place.
+    pub(super) fn stage(&mut self, pn: u64, packet: &mut [u8]) {
+        if packet.len() >= DATA_HEADER_LEN {
+            let decoder = &mut self.decoder;
+            with_shard(packet, |shard| decoder.stage(pn, shard));
+        }
     }
 
     pub(super) fn commit(&mut self, pn: u64) {
@@ -305,9 +332,27 @@ impl Fec {
         self.decoder.on_parity(info, &body[PARITY_INFO_LEN..]);
     }
 
-    /// The next rebuilt packet, still sealed, into `out`.
-    pub(super) fn pop_recovered(&mut self, out: &mut [u8]) -> Option<(u64, usize)> {
-        self.decoder.pop_recovered(out)
+    /// The next rebuilt packet, still sealed, into `out` (at least a data header long),
+    /// with the header the sender gave it: `receiver` (this side's id), the number, and the
+    /// type byte the shard carried.
+    pub(super) fn pop_recovered(&mut self, receiver: u32, out: &mut [u8]) -> Option<(u64, usize)> {
+        if out.len() < DATA_HEADER_LEN {
+            return None;
+        }
+        loop {
+            let (pn, len) = self.decoder.pop_recovered(&mut out[REBUILT..])?;
+            if len == 0 {
+                continue;
+            }
+            let header = Header::Data(DataHeader {
+                receiver,
+                key_phase: DataHeader::key_phase_of(out[REBUILT]),
+                protected: true,
+                number: pn,
+            });
+            header.emit(&mut Writer::new(&mut out[..DATA_HEADER_LEN]));
+            return Some((pn, REBUILT + len));
+        }
     }
 
     /// A rebuilt packet authenticated: report it.

@@ -798,7 +798,12 @@ impl Connection {
     fn handle_recovered(&mut self, now: Instant) {
         let mut buf = std::mem::take(&mut self.recovered_buf);
         buf.resize(self.max_datagram(), 0);
-        while let Some((pn, len)) = self.fec.as_mut().and_then(|f| f.pop_recovered(&mut buf)) {
+        let local_id = self.local_id;
+        while let Some((pn, len)) = self
+            .fec
+            .as_mut()
+            .and_then(|f| f.pop_recovered(local_id, &mut buf))
+        {
             let Ok(Header::Data(h)) = Header::parse(&buf[..len]) else {
                 continue;
             };
@@ -1692,7 +1697,7 @@ impl Connection {
         let size = self.encrypt(now, out, payload_len, protected);
         if protected {
             if let Some(fec) = &mut self.fec {
-                fec.on_sealed(number, &out[..size]);
+                fec.on_sealed(number, &mut out[..size]);
             }
         }
         self.count_sent(now, size);
