@@ -113,7 +113,6 @@ impl Collector for GatewayCollector {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let gateway = self.0.gateway();
         let totals = gateway.totals();
-        let sessions = gateway.sessions();
         let peers = gateway.peers();
         let routes = [Route::Tunnel, Route::Inbound, Route::Bypass];
 
@@ -137,7 +136,11 @@ impl Collector for GatewayCollector {
             "wsx_sessions",
             "Live sessions",
             routes.map(|r| {
-                let n = sessions.iter().filter(|s| s.route == r).count();
+                let n = totals
+                    .live
+                    .iter()
+                    .find(|(route, _)| *route == r)
+                    .map_or(0, |(_, n)| *n);
                 gauge(vec![("route", r.as_str().to_owned())], n as f64)
             }),
         )?;

@@ -249,8 +249,8 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<Status> {
     let gateway = state.control.gateway();
     let totals = gateway.totals();
     let mut sessions = SessionCounts::default();
-    for s in gateway.sessions() {
-        sessions.add(SessionRoute::new(s.route), 1);
+    for (route, n) in &totals.live {
+        sessions.add(SessionRoute::new(*route), *n);
     }
     Json(Status {
         version: env!("CARGO_PKG_VERSION").into(),

@@ -137,6 +137,9 @@ impl ApiServer {
             }
         };
         info!(address = %local_addr, tls = config.tls.is_some(), tokens = config.tokens.len(), "API listening");
+        if !local_addr.ip().is_loopback() && config.tls.is_none() {
+            warn!(address = %local_addr, "the API listens beyond this host without TLS: tokens cross the network in the clear");
+        }
         if config.tokens.is_empty() {
             warn!("no API token configured: every route but /api/v1/health refuses requests");
         }

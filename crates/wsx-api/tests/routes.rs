@@ -388,3 +388,76 @@ async fn requests_beyond_the_concurrency_limit_are_refused_not_queued() {
     assert!(served >= 1);
     api.server.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test]
+async fn tls_serves_the_api_to_a_client_that_trusts_the_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+    let (cert, key) = (dir.path().join("api.crt"), dir.path().join("api.key"));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.key_pair.serialize_pem()).unwrap();
+    let tls = wsx_api::TlsFiles {
+        cert: cert.clone(),
+        key,
+    };
+    let api = start(|c| c.tls = Some(tls)).await;
+    let url = format!("https://{}/api/v1/status", api.server.local_addr());
+    let pem = std::fs::read(&cert).unwrap();
+    let (trusted, untrusted) = tokio::task::spawn_blocking(move || {
+        let call = |roots: ureq::tls::RootCerts| {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build())
+                .build()
+                .into();
+            agent
+                .get(&url)
+                .header("Authorization", format!("Bearer {TOKEN}"))
+                .call()
+                .map(|r| r.status().as_u16())
+        };
+        let certs: Vec<_> = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        (
+            call(ureq::tls::RootCerts::Specific(Arc::new(certs))),
+            call(ureq::tls::RootCerts::WebPki),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(trusted.unwrap(), 200);
+    assert!(
+        untrusted.is_err(),
+        "a client that does not trust the certificate gets nothing"
+    );
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_cut_off() {
+    let api = start(|c| c.header_timeout = Duration::from_millis(500)).await;
+    let addr = api.server.local_addr();
+    let closed = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = Vec::new();
+        // The server answers 408 or just closes; either way the read ends.
+        let _ = s.read_to_end(&mut buf);
+        started.elapsed()
+    })
+    .await
+    .unwrap();
+    assert!(closed < Duration::from_secs(5), "held for {closed:?}");
+    // And the server still serves others.
+    let (status, _) = call("GET", format!("http://{addr}/api/v1/health"), None, None).await;
+    assert_eq!(status, 200);
+    api.server.shutdown(Duration::from_secs(1)).await;
+}

@@ -169,6 +169,7 @@ impl Sessions {
     ) -> SessionGuard {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         self.totals.opened[route as usize].fetch_add(1, Ordering::Relaxed);
+        self.totals.live[route as usize].fetch_add(1, Ordering::Relaxed);
         let traffic = self.totals.traffic(peer.as_deref(), route);
         let session = Arc::new(Session {
             id,
@@ -248,8 +249,10 @@ pub(crate) struct Traffic {
 #[derive(Debug)]
 pub(crate) struct Totals {
     started: Instant,
-    /// Indexed by `Route as usize`.
+    /// Indexed by `Route as usize`: sessions opened, and those live now (so that counting
+    /// them does not copy the table).
     opened: [AtomicU64; 3],
+    live: [AtomicU64; 3],
     endings: [AtomicU64; 8],
     traffic: Mutex<HashMap<TrafficKey, Arc<Traffic>>>,
 }
@@ -262,6 +265,7 @@ impl Totals {
         Self {
             started,
             opened: Default::default(),
+            live: Default::default(),
             endings: Default::default(),
             traffic: Mutex::new(HashMap::new()),
         }
@@ -300,6 +304,9 @@ impl Totals {
             opened: [Route::Tunnel, Route::Inbound, Route::Bypass]
                 .map(|r| (r, self.opened[r as usize].load(Ordering::Relaxed)))
                 .to_vec(),
+            live: [Route::Tunnel, Route::Inbound, Route::Bypass]
+                .map(|r| (r, self.live[r as usize].load(Ordering::Relaxed)))
+                .to_vec(),
             completed: ending(Ending::Completed),
             failed: ending(Ending::Failed),
             idle: ending(Ending::Idle),
@@ -318,8 +325,9 @@ impl Totals {
 #[non_exhaustive]
 pub struct GatewayTotals {
     pub uptime: Duration,
-    /// Sessions opened, by route.
+    /// Sessions opened, and live now, by route.
     pub opened: Vec<(Route, u64)>,
+    pub live: Vec<(Route, u64)>,
     /// Sessions that ended: both directions finished, a side failed, idle, killed through
     /// [`Gateway::kill_session`](crate::Gateway::kill_session), aborted at shutdown.
     pub completed: u64,
@@ -363,6 +371,7 @@ impl std::ops::Deref for SessionGuard {
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         self.sessions.lock().remove(&self.session.id);
+        self.sessions.totals.live[self.session.route as usize].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -436,6 +445,7 @@ mod tests {
             [(Route::Tunnel, 2), (Route::Inbound, 0), (Route::Bypass, 0)]
         );
         assert_eq!((t.completed, t.refused_limit, t.failed), (2, 1, 0));
+        assert!(t.live.iter().all(|(_, n)| *n == 0), "{:?}", t.live);
         assert_eq!(t.traffic.len(), 1);
         assert_eq!(
             (t.traffic[0].peer.as_deref(), t.traffic[0].from_client),

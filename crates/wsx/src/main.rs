@@ -123,3 +123,48 @@ fn run(cli: Cli) -> Result<()> {
         Command::Api(command) => cli::run(command, cli.connection),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_completes() {
+        Cli::command().debug_assert();
+        let mut script = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "wsx",
+            &mut script,
+        );
+        let script = String::from_utf8(script).unwrap_or_default();
+        for word in ["sessions", "bypass", "log-level", "--json"] {
+            assert!(script.contains(word), "{word} missing from the completions");
+        }
+    }
+
+    #[test]
+    fn api_commands_take_the_global_options_anywhere() {
+        let cli = Cli::try_parse_from([
+            "wsx",
+            "sessions",
+            "--route",
+            "tunnel",
+            "--json",
+            "--api",
+            "http://[::1]:1",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            cli.command,
+            Command::Api(cli::ApiCommand::Sessions { .. })
+        ));
+        let cli = Cli::try_parse_from(["wsx", "run", "--config", "/x.toml"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            cli.connection.config_path(),
+            std::path::Path::new("/x.toml")
+        );
+    }
+}
