@@ -119,20 +119,12 @@ impl ApiServer {
                     .map_err(StartError::Tls)?;
                 let mut server =
                     axum_server::from_tcp_rustls(listener, rustls).handle(handle.clone());
-                server
-                    .http_builder()
-                    .http1()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(config.header_timeout);
+                limit_headers(server.http_builder(), config.header_timeout);
                 tokio::spawn(async move { server.serve(service).await })
             }
             None => {
                 let mut server = axum_server::from_tcp(listener).handle(handle.clone());
-                server
-                    .http_builder()
-                    .http1()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(config.header_timeout);
+                limit_headers(server.http_builder(), config.header_timeout);
                 tokio::spawn(async move { server.serve(service).await })
             }
         };
@@ -164,4 +156,16 @@ impl ApiServer {
             Err(e) => warn!(error = %e, "API server task failed"),
         }
     }
+}
+
+/// Clients get `timeout` to send their request headers, so that a slow one cannot hold a
+/// connection (and a share of the concurrency) open.
+fn limit_headers(
+    builder: &mut hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    timeout: Duration,
+) {
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(timeout);
 }
