@@ -38,7 +38,7 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use wsx_proxy::Route;
 
-/// The content type of [`Exporter::encode`]'s output.
+/// The content type of the metrics the API serves (OpenMetrics text).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A registry with the gateway's collector.
