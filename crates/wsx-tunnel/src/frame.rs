@@ -5,7 +5,7 @@
 //! report their size beforehand so that packets are filled exactly.
 
 use crate::coding::{Reader, Truncated, Writer, varint_len};
-use crate::streams::{StreamId, StreamMeta};
+use crate::streams::{StreamId, StreamMeta, Target};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::RangeInclusive;
 
@@ -31,6 +31,9 @@ const STREAM_LEN: u64 = 0x02;
 pub(crate) const MAX_ACK_RANGES: usize = 32;
 /// The longest application hint an OPEN frame carries.
 pub const MAX_HINT_LEN: usize = 255;
+
+/// The longest destination name an OPEN frame carries (a DNS name is at most 253).
+pub const MAX_NAME_LEN: usize = 255;
 /// The longest reason a CLOSE frame carries.
 pub(crate) const MAX_REASON_LEN: usize = 256;
 
@@ -241,29 +244,60 @@ fn parse_ack(r: &mut Reader<'_>) -> Result<Ack, FrameError> {
 
 fn parse_meta(r: &mut Reader<'_>) -> Result<StreamMeta, FrameError> {
     let scenario = u32::try_from(r.varint()?).map_err(|_| FrameError::Malformed("OPEN"))?;
+    let flags = r.u8()?;
+    if flags & !OPEN_TRANSPARENT != 0 {
+        return Err(FrameError::Malformed("OPEN flags"));
+    }
     let source = parse_addr(r)?;
-    let destination = parse_addr(r)?;
+    let destination = parse_target(r)?;
     let len = usize::from(r.u8()?);
     Ok(StreamMeta {
         source,
         destination,
+        transparent: flags & OPEN_TRANSPARENT != 0,
         scenario,
         hint: r.bytes(len)?.to_vec(),
     })
 }
 
+/// OPEN flags: the far gateway may connect from the source address.
+const OPEN_TRANSPARENT: u8 = 0x01;
+
 const ADDR_NONE: u8 = 0;
 const ADDR_V4: u8 = 4;
 const ADDR_V6: u8 = 6;
+/// A destination name: length (u8, at least 1), UTF-8 bytes, port.
+const ADDR_NAME: u8 = 0x4e;
 
 fn parse_addr(r: &mut Reader<'_>) -> Result<Option<SocketAddr>, FrameError> {
+    match parse_target(r)? {
+        None => Ok(None),
+        Some(Target::Addr(a)) => Ok(Some(a)),
+        Some(Target::Name { .. }) => Err(FrameError::Malformed("OPEN source")),
+    }
+}
+
+fn parse_target(r: &mut Reader<'_>) -> Result<Option<Target>, FrameError> {
     let ip = match r.u8()? {
         ADDR_NONE => return Ok(None),
         ADDR_V4 => IpAddr::V4(Ipv4Addr::from(r.array::<4>()?)),
         ADDR_V6 => IpAddr::V6(Ipv6Addr::from(r.array::<16>()?)),
+        ADDR_NAME => {
+            let len = usize::from(r.u8()?);
+            let host = std::str::from_utf8(r.bytes(len)?)
+                .map_err(|_| FrameError::Malformed("OPEN name"))?;
+            if host.is_empty() {
+                return Err(FrameError::Malformed("OPEN name"));
+            }
+            let host = host.to_owned();
+            return Ok(Some(Target::Name {
+                host,
+                port: r.u16()?,
+            }));
+        }
         _ => return Err(FrameError::Malformed("OPEN address")),
     };
-    Ok(Some(SocketAddr::new(ip, r.u16()?)))
+    Ok(Some(Target::Addr(SocketAddr::new(ip, r.u16()?))))
 }
 
 fn addr_len(addr: &Option<SocketAddr>) -> usize {
@@ -271,6 +305,28 @@ fn addr_len(addr: &Option<SocketAddr>) -> usize {
         None => 1,
         Some(SocketAddr::V4(_)) => 1 + 4 + 2,
         Some(SocketAddr::V6(_)) => 1 + 16 + 2,
+    }
+}
+
+fn target_len(target: &Option<Target>) -> usize {
+    match target {
+        Some(Target::Name { host, .. }) => 1 + 1 + host.len() + 2,
+        Some(Target::Addr(a)) => addr_len(&Some(*a)),
+        None => 1,
+    }
+}
+
+fn emit_target(w: &mut Writer<'_>, target: &Option<Target>) {
+    match target {
+        // Checked against MAX_NAME_LEN (and not empty) when the stream is opened.
+        Some(Target::Name { host, port }) => {
+            w.u8(ADDR_NAME);
+            w.u8(host.len() as u8);
+            w.bytes(host.as_bytes());
+            w.u16(*port);
+        }
+        Some(Target::Addr(a)) => emit_addr(w, &Some(*a)),
+        None => emit_addr(w, &None),
     }
 }
 
@@ -293,8 +349,9 @@ fn emit_addr(w: &mut Writer<'_>, addr: &Option<SocketAddr>) {
 pub(crate) fn open_len(id: StreamId, meta: &StreamMeta) -> usize {
     1 + varint_len(id.0)
         + varint_len(u64::from(meta.scenario))
+        + 1
         + addr_len(&meta.source)
-        + addr_len(&meta.destination)
+        + target_len(&meta.destination)
         + 1
         + meta.hint.len()
 }
@@ -303,8 +360,13 @@ pub(crate) fn emit_open(w: &mut Writer<'_>, id: StreamId, meta: &StreamMeta) {
     w.varint(OPEN);
     w.varint(id.0);
     w.varint(u64::from(meta.scenario));
+    w.u8(if meta.transparent {
+        OPEN_TRANSPARENT
+    } else {
+        0
+    });
     emit_addr(w, &meta.source);
-    emit_addr(w, &meta.destination);
+    emit_target(w, &meta.destination);
     // `StreamMeta::hint` is checked against MAX_HINT_LEN when the stream is opened.
     w.u8(meta.hint.len() as u8);
     w.bytes(&meta.hint);
@@ -436,7 +498,8 @@ mod tests {
     fn open_round_trips_with_both_families() {
         let meta = StreamMeta {
             source: Some("10.0.0.1:40000".parse().unwrap()),
-            destination: Some("[fd00::2]:445".parse().unwrap()),
+            destination: Some(Target::Addr("[fd00::2]:445".parse().unwrap())),
+            transparent: true,
             scenario: 70_000,
             hint: b"smb2".to_vec(),
         };
@@ -447,6 +510,45 @@ mod tests {
         let n = w.len();
         assert_eq!(n, open_len(id, &meta));
         assert_eq!(parse_all(&buf[..n]), Ok(vec![Frame::Open { id, meta }]));
+    }
+
+    #[test]
+    fn open_carries_a_destination_name() {
+        let meta = StreamMeta {
+            source: Some("127.0.0.1:5000".parse().unwrap()),
+            destination: Some(Target::Name {
+                host: "files.example.net".into(),
+                port: 445,
+            }),
+            transparent: false,
+            ..StreamMeta::default()
+        };
+        let id = StreamId(8);
+        let mut buf = [0u8; 128];
+        let mut w = Writer::new(&mut buf);
+        emit_open(&mut w, id, &meta);
+        let n = w.len();
+        assert_eq!(n, open_len(id, &meta));
+        assert_eq!(
+            parse_all(&buf[..n]),
+            Ok(vec![Frame::Open {
+                id,
+                meta: meta.clone()
+            }])
+        );
+        // A name as the source, an empty name, bytes that are not UTF-8, unknown flags.
+        let bad = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut bytes = buf[..n].to_vec();
+            edit(&mut bytes);
+            parse_all(&bytes).is_err()
+        };
+        let flags_at = 1 + varint_len(id.0) + varint_len(0);
+        assert!(bad(&|b| b[flags_at] = 0x80));
+        let source_at = flags_at + 1;
+        assert!(bad(&|b| b[source_at] = ADDR_NAME));
+        let name_at = source_at + addr_len(&meta.source);
+        assert!(bad(&|b| b[name_at + 1] = 0));
+        assert!(bad(&|b| b[name_at + 2] = 0xff));
     }
 
     #[test]

@@ -68,10 +68,10 @@ pub use crypto::{
     KEY_LEN, KEY_UPDATE_INTERVAL, KEY_UPDATE_PACKETS, KeyError, PublicKey, SecretKey,
 };
 pub use endpoint::{ConnectError, ConnectionHandle, DatagramEvent, Endpoint, EndpointStats};
-pub use frame::MAX_HINT_LEN;
+pub use frame::{MAX_HINT_LEN, MAX_NAME_LEN};
 pub use packet::PROTOCOL_VERSION;
 pub use rtt::RttEstimator;
-pub use streams::{Schedule, StreamError, StreamId, StreamMeta};
+pub use streams::{Schedule, StreamError, StreamId, StreamMeta, Target};
 
 /// One real instant for tests to count virtual time from. Simulations never read the clock
 /// again.

@@ -107,7 +107,7 @@ async fn transfer(client: &Tunnel, server: &Tunnel, streams: u64, len: usize) {
     let mut tasks = Vec::new();
     for seed in 0..streams {
         let meta = StreamMeta {
-            destination: Some(SocketAddr::from((Ipv4Addr::new(192, 0, 2, 1), 445))),
+            destination: Some(SocketAddr::from((Ipv4Addr::new(192, 0, 2, 1), 445)).into()),
             hint: seed.to_string().into_bytes(),
             ..StreamMeta::default()
         };

@@ -59,12 +59,49 @@ impl From<StreamId> for u64 {
 pub struct StreamMeta {
     /// The TCP client's address, as the gateway that accepted it saw it.
     pub source: Option<SocketAddr>,
-    /// The address the client connected to: where the far gateway re-originates.
-    pub destination: Option<SocketAddr>,
+    /// Where the far gateway connects: the address the client connected to, or a name.
+    pub destination: Option<Target>,
+    /// The client was intercepted on the near gateway's LAN, so the far gateway may connect
+    /// from its address (transparent origin). False for clients of an explicit entry point
+    /// (a forwarding listener, SOCKS), whose address means nothing at the far site.
+    pub transparent: bool,
     /// The shaping scenario the connection was classified into.
     pub scenario: u32,
     /// Up to [`frame::MAX_HINT_LEN`] bytes for the application (e.g. "smb2").
     pub hint: Vec<u8>,
+}
+
+/// Where the far gateway connects a stream.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// An address: an intercepted connection's original destination, or a literal.
+    Addr(SocketAddr),
+    /// A host name, 1 to [`frame::MAX_NAME_LEN`] bytes, that the far gateway resolves.
+    Name { host: String, port: u16 },
+}
+
+impl Target {
+    pub fn port(&self) -> u16 {
+        match self {
+            Target::Addr(a) => a.port(),
+            Target::Name { port, .. } => *port,
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Addr(a) => write!(f, "{a}"),
+            Target::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+impl From<SocketAddr> for Target {
+    fn from(a: SocketAddr) -> Self {
+        Target::Addr(a)
+    }
 }
 
 /// How the scheduler treats a stream.
@@ -121,6 +158,9 @@ pub enum StreamError {
     /// The hint is longer than [`frame::MAX_HINT_LEN`].
     #[error("hint longer than 255 bytes")]
     HintTooLong,
+    /// A destination name is empty or longer than [`frame::MAX_NAME_LEN`].
+    #[error("destination name empty or longer than 255 bytes")]
+    BadName,
 }
 
 /// Stream happenings the connection reports as events.
@@ -350,6 +390,11 @@ impl Streams {
     pub(crate) fn open(&mut self, meta: StreamMeta) -> Result<StreamId, StreamError> {
         if meta.hint.len() > frame::MAX_HINT_LEN {
             return Err(StreamError::HintTooLong);
+        }
+        if let Some(Target::Name { host, .. }) = &meta.destination {
+            if host.is_empty() || host.len() > frame::MAX_NAME_LEN {
+                return Err(StreamError::BadName);
+            }
         }
         if self.next_local >= self.max_local {
             return Err(StreamError::TooManyStreams);

@@ -360,7 +360,9 @@ impl Transfers {
     pub fn start(&mut self, pair: &mut Pair, total: u64) -> StreamId {
         let n = self.order.len() as u64;
         let meta = StreamMeta {
-            destination: Some("192.0.2.1:80".parse().expect("literal address")),
+            destination: Some(crate::Target::Addr(
+                "192.0.2.1:80".parse().expect("literal address"),
+            )),
             scenario: n as u32,
             ..StreamMeta::default()
         };
