@@ -165,7 +165,11 @@ pub enum SessionPhase {
 pub struct Session {
     pub id: u64,
     pub client: String,
+    /// An address, or `name:port` for a forwarding listener's name target.
     pub destination: String,
+    /// Where it entered this gateway: `intercepted`, `forward:NAME`, or `tunnel` (opened
+    /// by the peer).
+    pub entry: String,
     /// The peer gateway the session goes to or came from (none: bypass with no peer).
     pub peer: Option<String>,
     pub route: SessionRoute,
@@ -350,7 +354,8 @@ impl Session {
         Self {
             id: s.id,
             client: s.client.0.to_string(),
-            destination: s.destination.0.to_string(),
+            destination: s.destination.to_string(),
+            entry: s.entry.to_string(),
             peer: s.peer.clone(),
             route: SessionRoute::new(s.route),
             state: SessionPhase::new(s.state),

@@ -41,6 +41,7 @@ use utoipa::openapi::{RefOr, ResponseBuilder, content::ContentBuilder};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+use wsx_proxy::Target;
 
 /// Sessions per page unless the request says otherwise, and at most.
 const DEFAULT_LIMIT: u32 = 100;
@@ -375,7 +376,8 @@ async fn sessions(
                 .as_ref()
                 .is_none_or(|p| s.peer.as_ref() == Some(p))
                 && address.is_none_or(|net| {
-                    net.contains(&s.client.0.ip()) || net.contains(&s.destination.0.ip())
+                    net.contains(&s.client.0.ip())
+                        || matches!(s.destination, Target::Addr(a) if net.contains(&a.ip()))
                 })
         })
         .map(Session::new)

@@ -1,7 +1,8 @@
 //! The gateway: interception, the tunnel to each peer, sessions both ways, bypass.
 //!
 //! ```text
-//!  LAN client ─TCP─> transparent listener ─> decide(destination)
+//!  LAN client ─TCP─> transparent listener ─> decide(destination's peer by prefix)
+//!  any client ─TCP─> forwarding listener ──> decide(its configured peer), destination = its `to`
 //!                       ├─ peer healthy ──> tunnel stream ═══> peer: connect to destination
 //!                       ├─ secondary healthy ─> its tunnel stream
 //!                       ├─ policy bypass ──> direct TCP to destination (from the client's address)
@@ -19,7 +20,7 @@ use crate::chunked::{Chunked, Codec};
 use crate::peers::{self, FailurePolicy, Peer, PeerConfig, PeerStatus, PrefixTable};
 use crate::relay::{self, Outcome, Side, code};
 use crate::rules::{Rules, RulesConfig, RulesError};
-use crate::session::{Ending, GatewayTotals, Route, SessionInfo, SessionState, Sessions};
+use crate::session::{Ending, Entry, GatewayTotals, Route, SessionInfo, SessionState, Sessions};
 use crate::sys::{self, LanSocketOptions};
 use std::collections::HashMap;
 use std::io;
@@ -33,7 +34,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 use wsx_tunnel::driver::{Driver, Stream, Tunnel};
 use wsx_tunnel::{
-    ConnectionError, EndpointConfig, PublicKey, SecretKey, StreamMeta, TransportConfig,
+    ConnectionError, EndpointConfig, PublicKey, SecretKey, StreamMeta, Target, TransportConfig,
 };
 
 /// How long a handshake may take before the peer keeper starts over.
@@ -63,7 +64,40 @@ pub struct GatewayConfig {
     /// real client (needs the server's replies to route through this gateway).
     pub transparent_origin: bool,
     pub peers: Vec<PeerConfig>,
+    /// Explicit entry points: plain listeners whose connections go to a fixed destination
+    /// through a named peer. They need no privileges (unprivileged ports) and no rules.
+    pub forwards: Vec<ForwardConfig>,
     pub sessions: SessionConfig,
+}
+
+/// A forwarding listener: connections to `listen` are carried through `peer`'s tunnel,
+/// and the far gateway connects to `to` (resolving a name there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ForwardConfig {
+    /// Names the listener in sessions, logs and the API.
+    pub name: String,
+    pub listen: SocketAddr,
+    pub to: Target,
+    /// The peer whose tunnel carries it; its health, secondary and `on_failure` apply (a
+    /// bypass connects to `to` from this gateway).
+    pub peer: String,
+}
+
+impl ForwardConfig {
+    pub fn new(
+        name: impl Into<String>,
+        listen: SocketAddr,
+        to: Target,
+        peer: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            listen,
+            to,
+            peer: peer.into(),
+        }
+    }
 }
 
 impl GatewayConfig {
@@ -75,6 +109,7 @@ impl GatewayConfig {
             intercept: None,
             transparent_origin: true,
             peers: Vec::new(),
+            forwards: Vec::new(),
             sessions: SessionConfig::default(),
         }
     }
@@ -172,7 +207,8 @@ pub enum GatewayError {
     /// The new configuration changes something only a restart can.
     #[error("{0} cannot change without a restart")]
     NeedsRestart(&'static str),
-    /// Two peers share a name or a key, or a secondary names no peer.
+    /// Two peers share a name or a key, or a secondary names no peer, or a forwarding
+    /// listener names no peer.
     #[error("peer configuration: {0}")]
     Peers(String),
 }
@@ -216,7 +252,7 @@ struct PeerEntry {
 impl Gateway {
     /// Binds the tunnel socket and the listeners, installs the rules and starts serving.
     pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
-        validate_peers(&config.peers)?;
+        validate_peers(&config.peers, &config.forwards)?;
         let mut transport = config.transport.clone();
         // Both ends PING at a quarter of the health timeout when idle, so that a silent
         // tunnel means a dead peer.
@@ -238,6 +274,17 @@ impl Gateway {
             Some(intercept) => bind_listeners(intercept.port)?,
             None => Vec::new(),
         };
+        let mut forwards = Vec::new();
+        for forward in &config.forwards {
+            let listener = TcpListener::bind(forward.listen).await.map_err(|source| {
+                GatewayError::Listener {
+                    addr: forward.listen,
+                    source,
+                }
+            })?;
+            info!(name = %forward.name, address = %forward.listen, to = %forward.to, peer = %forward.peer, "forwarding listener");
+            forwards.push((listener, forward.clone()));
+        }
         let inner = Arc::new(Inner {
             local_key: driver.public_key(),
             driver,
@@ -267,6 +314,9 @@ impl Gateway {
         for listener in listeners {
             tokio::spawn(inner.clone().accept_connections(listener));
         }
+        for (listener, forward) in forwards {
+            tokio::spawn(inner.clone().accept_forwarded(listener, forward));
+        }
         tokio::spawn(inner.clone().accept_tunnels());
         Ok(Self { inner })
     }
@@ -275,13 +325,16 @@ impl Gateway {
     /// Established sessions are kept. The key, the tunnel address, the transport settings
     /// and the listener port need a restart.
     pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
-        validate_peers(&config.peers)?;
+        validate_peers(&config.peers, &config.forwards)?;
         let old = self.inner.config();
         if config.secret.public_key() != old.secret.public_key() {
             return Err(GatewayError::NeedsRestart("the private key"));
         }
         if config.tunnel_listen != old.tunnel_listen {
             return Err(GatewayError::NeedsRestart("the tunnel address"));
+        }
+        if config.forwards != old.forwards {
+            return Err(GatewayError::NeedsRestart("the forwarding listeners"));
         }
         let none = PrefixTable::default();
         if config.intercept.as_ref().map(|i| i.port) != old.intercept.as_ref().map(|i| i.port)
@@ -446,7 +499,15 @@ impl Gateway {
     }
 }
 
-fn validate_peers(peers: &[PeerConfig]) -> Result<(), GatewayError> {
+fn validate_peers(peers: &[PeerConfig], forwards: &[ForwardConfig]) -> Result<(), GatewayError> {
+    for f in forwards {
+        if !peers.iter().any(|p| p.name == f.peer) {
+            return Err(GatewayError::Peers(format!(
+                "forwarding listener \"{}\": \"{}\" is not a configured peer",
+                f.name, f.peer
+            )));
+        }
+    }
     for (i, p) in peers.iter().enumerate() {
         if let Some(other) = peers[..i]
             .iter()
@@ -732,15 +793,61 @@ impl Inner {
             };
             let client = ClientAddr(canonical(client));
             let this = self.clone();
-            self.sessions_tracker
-                .spawn(async move { this.outbound(tcp, client, destination).await });
+            self.sessions_tracker.spawn(async move {
+                let decision = this.decide(destination);
+                let to = (Target::Addr(destination.0), Entry::Intercepted);
+                this.outbound(tcp, client, to, decision).await
+            });
+        }
+    }
+
+    /// Where an intercepted connection goes: the peer serving its destination's prefix.
+    /// Connections to a forwarding listener.
+    async fn accept_forwarded(self: Arc<Self>, listener: TcpListener, forward: ForwardConfig) {
+        let forward = Arc::new(forward);
+        loop {
+            let (tcp, client) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = self.stop.cancelled() => return,
+            };
+            let client = ClientAddr(canonical(client));
+            let this = self.clone();
+            let forward = forward.clone();
+            self.sessions_tracker.spawn(async move {
+                let decision = {
+                    let set = this.peer_set();
+                    let peer = set
+                        .by_key
+                        .values()
+                        .find(|e| e.peer.config().name == forward.peer)
+                        .map(|e| e.peer.clone());
+                    this.decide_for(&set, peer.as_ref())
+                };
+                let entry = Entry::Forward(forward.name.clone());
+                this.outbound(tcp, client, (forward.to.clone(), entry), decision)
+                    .await
+            });
         }
     }
 
     fn decide(&self, destination: OrigDstAddr) -> Decision {
-        let health = self.config().sessions.health_timeout;
         let set = self.peer_set();
-        let Some(peer) = set.table.lookup(destination.0.ip()) else {
+        let peer = set.table.lookup(destination.0.ip()).cloned();
+        self.decide_for(&set, peer.as_ref())
+    }
+
+    /// Where a connection for `peer` goes: its tunnel, its secondary's, or its failure
+    /// policy.
+    fn decide_for(&self, set: &PeerSet, peer: Option<&Arc<Peer>>) -> Decision {
+        let health = self.config().sessions.health_timeout;
+        let Some(peer) = peer else {
             return Decision::Bypass {
                 peer: None,
                 reason: "no peer serves the destination",
@@ -788,12 +895,14 @@ impl Inner {
         }
     }
 
-    /// An intercepted connection.
+    /// A connection accepted here (intercepted, or by a forwarding listener), going to
+    /// `destination` as `decision` says.
     async fn outbound(
         self: Arc<Self>,
         tcp: TcpStream,
         client: ClientAddr,
-        destination: OrigDstAddr,
+        (destination, entry): (Target, Entry),
+        decision: Decision,
     ) {
         let config = self.config();
         let options = LanSocketOptions {
@@ -802,7 +911,9 @@ impl Inner {
         if let Err(e) = sys::tune(&tcp, &options) {
             debug!(error = %e, "tuning the client socket");
         }
-        let mut decision = self.decide(destination);
+        let mut decision = decision;
+        // Only an intercepted client is on a LAN the far side (or a bypass) may speak for.
+        let transparent = entry == Entry::Intercepted;
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
             self.sessions.totals.count(Ending::RefusedLimit);
@@ -825,7 +936,8 @@ impl Inner {
             } => {
                 let meta = StreamMeta {
                     source: Some(client.0),
-                    destination: Some(destination.0),
+                    destination: Some(destination.clone()),
+                    transparent,
                     ..StreamMeta::default()
                 };
                 match tunnel.open(meta) {
@@ -844,22 +956,22 @@ impl Inner {
         let session = self.sessions.register(
             Instant::now(),
             client,
-            destination,
+            (destination.clone(), entry.clone()),
             peer.clone(),
             route,
             self.kill.child_token(),
         );
-        let span = info_span!("session", id = session.id, %client, %destination, route = route.as_str(), peer = peer.as_deref().unwrap_or("-"));
+        let span = info_span!("session", id = session.id, %client, %destination, %entry, route = route.as_str(), peer = peer.as_deref().unwrap_or("-"));
         async {
             info!("session opened");
             let outcome = match stream {
                 Some(stream) => self.relay(&session, tcp, stream).await,
                 None => {
-                    // Direct, but still from the client's address: the server sees the same
-                    // connection it would without wsx.
-                    match sys::connect(
-                        Some(client.0.ip()),
-                        destination.0,
+                    // Direct, and for an intercepted client still from its address: the server
+                    // sees the same connection it would without wsx.
+                    match sys::connect_target(
+                        transparent.then_some(client.0.ip()),
+                        &destination,
                         config.sessions.connect_timeout,
                     )
                     .await
@@ -888,7 +1000,7 @@ impl Inner {
     async fn inbound(self: Arc<Self>, peer: Arc<Peer>, mut stream: Stream) {
         let (codec, peer) = (peer.codec(), peer.config().name);
         let meta = stream.meta().clone();
-        let (Some(source), Some(destination)) = (meta.source, meta.destination) else {
+        let (Some(source), Some(destination)) = (meta.source, meta.destination.clone()) else {
             stream.reset(code::REJECTED);
             return;
         };
@@ -899,20 +1011,19 @@ impl Inner {
             return;
         };
         let config = self.config();
-        let (client, destination) = (ClientAddr(source), OrigDstAddr(destination));
+        let client = ClientAddr(source);
         let session = self.sessions.register(
             Instant::now(),
             client,
-            destination,
+            (destination.clone(), Entry::Tunnel),
             Some(peer.clone()),
             Route::Inbound,
             self.kill.child_token(),
         );
-        let span =
-            info_span!("session", id = session.id, %client, %destination, route = "inbound", %peer);
+        let span = info_span!("session", id = session.id, %client, %destination, entry = %Entry::Tunnel, route = "inbound", %peer);
         async {
-            let from = config.transparent_origin.then_some(client.0.ip());
-            let connect = sys::connect(from, destination.0, config.sessions.connect_timeout);
+            let from = (config.transparent_origin && meta.transparent).then_some(client.0.ip());
+            let connect = sys::connect_target(from, &destination, config.sessions.connect_timeout);
             let connected = tokio::select! {
                 r = connect => r,
                 () = session.kill.cancelled() => Err(io::Error::new(io::ErrorKind::Interrupted, "session ended")),

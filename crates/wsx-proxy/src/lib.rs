@@ -33,7 +33,10 @@ pub mod sys;
 
 pub use addrs::{ClientAddr, OrigDstAddr};
 pub use chunked::CompressionStats;
-pub use gateway::{Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig};
+pub use gateway::{
+    ForwardConfig, Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig,
+};
 pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus, TunnelStatus};
 pub use relay::code as reset_code;
-pub use session::{GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};
+pub use session::{Entry, GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};
+pub use wsx_tunnel::Target;

@@ -1,12 +1,13 @@
 //! The session table: every relayed connection, with its addresses, route and byte counts,
 //! and the gateway's running totals ([`GatewayTotals`]).
 
-use crate::addrs::{ClientAddr, OrigDstAddr};
+use crate::addrs::ClientAddr;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use wsx_tunnel::Target;
 
 /// How a session is carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -28,6 +29,28 @@ impl Route {
             Route::Tunnel => "tunnel",
             Route::Inbound => "inbound",
             Route::Bypass => "bypass",
+        }
+    }
+}
+
+/// Where a session entered this gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Entry {
+    /// Intercepted on its way through (TPROXY).
+    Intercepted,
+    /// Accepted by the named forwarding listener.
+    Forward(String),
+    /// Opened by the peer through the tunnel.
+    Tunnel,
+}
+
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Entry::Intercepted => f.write_str("intercepted"),
+            Entry::Forward(name) => write!(f, "forward:{name}"),
+            Entry::Tunnel => f.write_str("tunnel"),
         }
     }
 }
@@ -68,7 +91,8 @@ impl SessionState {
 pub(crate) struct Session {
     pub(crate) id: u64,
     pub(crate) client: ClientAddr,
-    pub(crate) destination: OrigDstAddr,
+    pub(crate) destination: Target,
+    pub(crate) entry: Entry,
     pub(crate) peer: Option<String>,
     pub(crate) route: Route,
     pub(crate) started: Instant,
@@ -107,7 +131,8 @@ impl Session {
         SessionInfo {
             id: self.id,
             client: self.client,
-            destination: self.destination,
+            destination: self.destination.clone(),
+            entry: self.entry.clone(),
             peer: self.peer.clone(),
             route: self.route,
             state: SessionState::from_u8(self.state.load(Ordering::Relaxed)),
@@ -125,7 +150,9 @@ impl Session {
 pub struct SessionInfo {
     pub id: u64,
     pub client: ClientAddr,
-    pub destination: OrigDstAddr,
+    /// Where the session goes: an address, or a name (a forwarding listener's target).
+    pub destination: Target,
+    pub entry: Entry,
     /// The peer gateway: where a tunnel session goes, where an inbound one came from, whose
     /// failure a bypassed one works around (`None` when no peer serves the destination).
     pub peer: Option<String>,
@@ -162,7 +189,7 @@ impl Sessions {
         self: &Arc<Self>,
         now: Instant,
         client: ClientAddr,
-        destination: OrigDstAddr,
+        (destination, entry): (Target, Entry),
         peer: Option<String>,
         route: Route,
         kill: CancellationToken,
@@ -175,6 +202,7 @@ impl Sessions {
             id,
             client,
             destination,
+            entry,
             peer,
             route,
             started: now,
@@ -384,24 +412,18 @@ mod tests {
         let sessions = Arc::new(Sessions::default());
         let now = Instant::now();
         let client = ClientAddr("10.0.0.1:1000".parse().unwrap_or_else(|e| panic!("{e}")));
-        let destination = OrigDstAddr("10.0.1.1:80".parse().unwrap_or_else(|e| panic!("{e}")));
+        let destination = Target::Addr("10.0.1.1:80".parse().unwrap_or_else(|e| panic!("{e}")));
+        let to = || (destination.clone(), Entry::Intercepted);
         let kill = CancellationToken::new();
         let a = sessions.register(
             now,
             client,
-            destination,
+            to(),
             Some("hq".into()),
             Route::Tunnel,
             kill.child_token(),
         );
-        let b = sessions.register(
-            now,
-            client,
-            destination,
-            None,
-            Route::Bypass,
-            kill.child_token(),
-        );
+        let b = sessions.register(now, client, to(), None, Route::Bypass, kill.child_token());
         assert!(sessions.kill(b.id));
         assert!(b.kill.is_cancelled() && !a.kill.is_cancelled());
         assert!(!sessions.kill(999));
@@ -429,7 +451,7 @@ mod tests {
             let s = sessions.register(
                 now,
                 ClientAddr(addr),
-                OrigDstAddr(addr),
+                (Target::Addr(addr), Entry::Intercepted),
                 Some("hq".into()),
                 Route::Tunnel,
                 CancellationToken::new(),
@@ -461,7 +483,7 @@ mod tests {
         let s = sessions.register(
             start,
             ClientAddr(addr),
-            OrigDstAddr(addr),
+            (Target::Addr(addr), Entry::Intercepted),
             None,
             Route::Inbound,
             CancellationToken::new(),

@@ -14,6 +14,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use wsx_tunnel::Target;
 
 /// Connections a listener queues before accepting.
 const BACKLOG: i32 = 4096;
@@ -53,6 +54,39 @@ pub async fn connect(
         Ok(result) => result,
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
     }
+}
+
+/// Connects to `to`, resolving a name first and trying its addresses in turn, all within
+/// `timeout`; from `from` (transparently) when given.
+pub async fn connect_target(
+    from: Option<IpAddr>,
+    to: &Target,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let (host, port) = match to {
+        Target::Addr(a) => return connect(from, *a, timeout).await,
+        Target::Name { host, port } => (host.as_str(), *port),
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let resolved = tokio::time::timeout_at(deadline, tokio::net::lookup_host((host, port)))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "name resolution timed out"))??;
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address"));
+    for addr in resolved {
+        // A transparent bind needs the client's family.
+        if from.is_some_and(|f| f.is_ipv4() != addr.is_ipv4()) {
+            continue;
+        }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out"));
+        }
+        match connect(from, addr, left).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// Settings for the sockets on the LAN side.
@@ -114,5 +148,34 @@ fn set_int(
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_name_is_resolved_and_its_addresses_tried_in_turn() {
+        // "localhost" may resolve to ::1 first; only 127.0.0.1 listens.
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+        let target = Target::Name {
+            host: "localhost".into(),
+            port,
+        };
+        let stream = connect_target(None, &target, Duration::from_secs(5)).await;
+        assert!(stream.is_ok(), "{stream:?}");
+        let nowhere = Target::Name {
+            host: "no-such-host.invalid".into(),
+            port,
+        };
+        assert!(
+            connect_target(None, &nowhere, Duration::from_secs(5))
+                .await
+                .is_err()
+        );
     }
 }

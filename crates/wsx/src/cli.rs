@@ -470,6 +470,7 @@ fn sessions_table(page: &SessionPage) {
                     SessionPhase::HalfClosed => "half-closed",
                 }
                 .into(),
+                s.entry.clone(),
                 s.peer.clone().unwrap_or_else(|| "-".into()),
                 s.client.clone(),
                 s.destination.clone(),
@@ -484,6 +485,7 @@ fn sessions_table(page: &SessionPage) {
             "ID",
             "ROUTE",
             "STATE",
+            "ENTRY",
             "PEER",
             "CLIENT",
             "DESTINATION",

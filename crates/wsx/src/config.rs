@@ -28,6 +28,9 @@ pub(crate) struct Config {
     pub(crate) sessions: Sessions,
     #[serde(default, rename = "peer")]
     pub(crate) peers: Vec<Peer>,
+    /// Forwarding listeners: explicit entry points, no interception needed.
+    #[serde(default, rename = "forward")]
+    pub(crate) forwards: Vec<Forward>,
     #[serde(default)]
     pub(crate) log: Log,
     /// The management API; leave the table out to run without it.
@@ -121,6 +124,48 @@ pub(crate) struct Peer {
     pub(crate) fec: Fec,
     #[serde(default = "default_fec_max_overhead")]
     pub(crate) fec_max_overhead: Spanned<f64>,
+}
+
+/// `[[forward]]`: connections to `listen` go through `peer`, whose gateway connects to `to`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Forward {
+    pub(crate) name: Spanned<String>,
+    pub(crate) listen: SocketAddr,
+    /// `HOST:PORT` (a name the far gateway resolves, or an address; IPv6 in brackets).
+    pub(crate) to: Spanned<String>,
+    pub(crate) peer: Spanned<String>,
+}
+
+/// Parses `HOST:PORT`: an address, or a name for the far side to resolve.
+fn parse_target(text: &str) -> Result<wsx_tunnel::Target, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(wsx_tunnel::Target::Addr(addr));
+    }
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or("HOST:PORT, e.g. files.example.net:445 or [fd00::5]:80")?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{port:?} is not a port number"))?;
+    let valid = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if !valid || port == 0 {
+        return Err(format!(
+            "{text:?}: not HOST:PORT with a DNS name or an address"
+        ));
+    }
+    Ok(wsx_tunnel::Target::Name {
+        host: host.to_owned(),
+        port,
+    })
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
@@ -554,6 +599,39 @@ impl Loaded {
             peer.fec_max_overhead = overhead;
             gateway.peers.push(peer);
         }
+        for (i, f) in c.forwards.iter().enumerate() {
+            let name = f.name.get_ref();
+            if name.is_empty() || c.forwards[..i].iter().any(|o| o.name.get_ref() == name) {
+                return Err(self.error(
+                    Some(f.name.span().start),
+                    format!("forward[{i}].name"),
+                    "must be set and differ from the other forwards' names",
+                ));
+            }
+            let to = parse_target(f.to.get_ref())
+                .map_err(|e| self.error(Some(f.to.span().start), format!("forward[{i}].to"), e))?;
+            let peer = f.peer.get_ref();
+            if !c.peers.iter().any(|p| p.name.get_ref() == peer) {
+                return Err(self.error(
+                    Some(f.peer.span().start),
+                    format!("forward[{i}].peer"),
+                    format!("\"{peer}\" is not a peer's name"),
+                ));
+            }
+            if c.forwards[..i].iter().any(|o| o.listen == f.listen) {
+                return Err(self.error(
+                    Some(f.name.span().start),
+                    format!("forward[{i}].listen"),
+                    format!("{} is used by another forward", f.listen),
+                ));
+            }
+            gateway.forwards.push(wsx_proxy::ForwardConfig::new(
+                name.clone(),
+                f.listen,
+                to,
+                peer.clone(),
+            ));
+        }
         Ok(gateway)
     }
 }
@@ -820,6 +898,43 @@ fec = "off"
         assert_eq!(
             e,
             "wsx.toml: api: give both tls_cert and tls_key, or neither"
+        );
+    }
+
+    #[test]
+    fn forwarding_listeners_are_read_and_checked() {
+        let text = |forward: &str| {
+            format!(
+                "[tunnel]\nprivate_key = \"{KEY_A}\"\n[[peer]]\nname = \"hq\"\npublic_key = \"{}\"\n[[forward]]\nname = \"files\"\nlisten = \"127.0.0.1:8445\"\npeer = \"hq\"\n{forward}\n",
+                peer_key()
+            )
+        };
+        let c = parse(&text("to = \"files.example.net:445\"")).unwrap();
+        assert_eq!(
+            c.forwards[0].to,
+            wsx_tunnel::Target::Name {
+                host: "files.example.net".into(),
+                port: 445
+            }
+        );
+        assert!(c.intercept.is_none());
+        let c = parse(&text("to = \"[fd00::5]:80\"")).unwrap();
+        assert_eq!(
+            c.forwards[0].to,
+            wsx_tunnel::Target::Addr("[fd00::5]:80".parse().unwrap())
+        );
+        for bad in ["no-port", "a..b:80", "host:0", "host:99999", "exa mple:80"] {
+            let e = parse(&text(&format!("to = \"{bad}\"")))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("forward[0].to"), "{bad}: {e}");
+        }
+        let e = parse(&text("to = \"x:1\"").replace("peer = \"hq\"\nto", "peer = \"nobody\"\nto"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("forward[0].peer: \"nobody\" is not a peer's name"),
+            "{e}"
         );
     }
 
