@@ -55,8 +55,32 @@ impl Daemon {
 
     /// Starts the daemon on an existing configuration file.
     pub fn start_with(lab: &Lab, node: Node, config: PathBuf) -> Self {
-        let mut child = lab
-            .command(node, wsx_binary())
+        Self::spawn(node, config, lab.command(node, wsx_binary()))
+    }
+
+    /// Writes `config` into `dir` and starts the daemon with no capabilities at all (root
+    /// in name only: `setpriv` empties the bounding set), as an unprivileged deployment
+    /// of forwarding listeners would run it.
+    pub fn start_unprivileged(lab: &Lab, node: Node, dir: &Path, config: &str) -> Self {
+        let path = dir.join(format!("{}.toml", node.role()));
+        std::fs::write(&path, config).unwrap();
+        let mut command = lab.command(node, "setpriv");
+        command
+            .args(["--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"])
+            .arg(wsx_binary());
+        Self::spawn(node, path, command)
+    }
+
+    /// The daemon's effective capabilities (`CapEff` of /proc/PID/status).
+    pub fn effective_capabilities(&self) -> u64 {
+        let pid = self.child.as_ref().unwrap().id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    }
+
+    fn spawn(node: Node, config: PathBuf, mut command: Command) -> Self {
+        let mut child = command
             .arg("run")
             .arg("--config")
             .arg(&config)
@@ -243,6 +267,22 @@ pub fn transfer_payload(
         _ => addr::server(ipv6),
     };
     let (listener, target) = listen(lab, to, sink_ip);
+    transfer_through(lab, from, listener, target, flows, bytes, payload)
+}
+
+/// Sends `flows` × `bytes` from `from` to `connect_to` (the sink's own address, or an entry
+/// point that leads to it), received and verified by a sink on `listener`; returns the
+/// verified byte count.
+pub fn transfer_through(
+    lab: &Lab,
+    from: Node,
+    listener: TcpListener,
+    connect_to: SocketAddr,
+    flows: u16,
+    bytes: u64,
+    payload: PayloadKind,
+) -> u64 {
+    let target = connect_to;
     let sink: JoinHandle<traffic::SinkReport> = std::thread::spawn(move || {
         traffic::sink(
             &listener,
