@@ -773,20 +773,26 @@ impl Inner {
         }
     }
 
-    async fn accept_connections(self: Arc<Self>, listener: TcpListener) {
+    /// The next connection on `listener`, or `None` once the gateway stops taking new work.
+    async fn next_connection(&self, listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
         loop {
-            let (tcp, client) = tokio::select! {
+            tokio::select! {
                 r = listener.accept() => match r {
-                    Ok(accepted) => accepted,
+                    Ok(accepted) => return Some(accepted),
                     Err(e) => {
                         // Out of descriptors or memory: back off rather than spin.
                         warn!(error = %e, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
                     }
                 },
-                () = self.stop.cancelled() => return,
-            };
+                () = self.stop.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Connections the rules sent to a transparent listener.
+    async fn accept_connections(self: Arc<Self>, listener: TcpListener) {
+        while let Some((tcp, client)) = self.next_connection(&listener).await {
             let destination = match tcp.local_addr() {
                 Ok(a) => OrigDstAddr(canonical(a)),
                 Err(_) => continue,
@@ -801,22 +807,10 @@ impl Inner {
         }
     }
 
-    /// Where an intercepted connection goes: the peer serving its destination's prefix.
     /// Connections to a forwarding listener.
     async fn accept_forwarded(self: Arc<Self>, listener: TcpListener, forward: ForwardConfig) {
         let forward = Arc::new(forward);
-        loop {
-            let (tcp, client) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = self.stop.cancelled() => return,
-            };
+        while let Some((tcp, client)) = self.next_connection(&listener).await {
             let client = ClientAddr(canonical(client));
             let this = self.clone();
             let forward = forward.clone();
@@ -837,6 +831,7 @@ impl Inner {
         }
     }
 
+    /// Where an intercepted connection goes: the peer serving its destination's prefix.
     fn decide(&self, destination: OrigDstAddr) -> Decision {
         let set = self.peer_set();
         let peer = set.table.lookup(destination.0.ip()).cloned();
