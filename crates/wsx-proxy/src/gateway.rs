@@ -21,6 +21,7 @@ use crate::peers::{self, FailurePolicy, Peer, PeerConfig, PeerStatus, PrefixTabl
 use crate::relay::{self, Outcome, Side, code};
 use crate::rules::{Rules, RulesConfig, RulesError};
 use crate::session::{Ending, Entry, GatewayTotals, Route, SessionInfo, SessionState, Sessions};
+use crate::socks::{self, SocksUser};
 use crate::sys::{self, LanSocketOptions};
 use std::collections::HashMap;
 use std::io;
@@ -67,8 +68,36 @@ pub struct GatewayConfig {
     /// Explicit entry points: plain listeners whose connections go to a fixed destination
     /// through a named peer. They need no privileges (unprivileged ports) and no rules.
     pub forwards: Vec<ForwardConfig>,
+    /// SOCKS5 listeners: like forwarding listeners, but each client names its destination.
+    pub socks: Vec<SocksConfig>,
     pub sessions: SessionConfig,
 }
+
+/// A SOCKS5 listener (CONNECT; RFC 1929 authentication when `users` is not empty). Every
+/// session goes through `peer`, whose gateway connects to the destination the client asked
+/// for, resolving names there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SocksConfig {
+    pub name: String,
+    pub listen: SocketAddr,
+    pub peer: String,
+    pub users: Vec<SocksUser>,
+}
+
+impl SocksConfig {
+    pub fn new(name: impl Into<String>, listen: SocketAddr, peer: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            listen,
+            peer: peer.into(),
+            users: Vec::new(),
+        }
+    }
+}
+
+/// How long a SOCKS client may take over its handshake.
+const SOCKS_HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// A forwarding listener: connections to `listen` are carried through `peer`'s tunnel,
 /// and the far gateway connects to `to` (resolving a name there).
@@ -110,6 +139,7 @@ impl GatewayConfig {
             transparent_origin: true,
             peers: Vec::new(),
             forwards: Vec::new(),
+            socks: Vec::new(),
             sessions: SessionConfig::default(),
         }
     }
@@ -252,7 +282,7 @@ struct PeerEntry {
 impl Gateway {
     /// Binds the tunnel socket and the listeners, installs the rules and starts serving.
     pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
-        validate_peers(&config.peers, &config.forwards)?;
+        validate_peers(&config)?;
         let mut transport = config.transport.clone();
         // Both ends PING at a quarter of the health timeout when idle, so that a silent
         // tunnel means a dead peer.
@@ -284,6 +314,18 @@ impl Gateway {
             })?;
             info!(name = %forward.name, address = %forward.listen, to = %forward.to, peer = %forward.peer, "forwarding listener");
             forwards.push((listener, forward.clone()));
+        }
+        let mut socks = Vec::new();
+        for s in &config.socks {
+            let listener =
+                TcpListener::bind(s.listen)
+                    .await
+                    .map_err(|source| GatewayError::Listener {
+                        addr: s.listen,
+                        source,
+                    })?;
+            info!(name = %s.name, address = %s.listen, peer = %s.peer, authentication = !s.users.is_empty(), "SOCKS5 listener");
+            socks.push((listener, s.clone()));
         }
         let inner = Arc::new(Inner {
             local_key: driver.public_key(),
@@ -317,6 +359,9 @@ impl Gateway {
         for (listener, forward) in forwards {
             tokio::spawn(inner.clone().accept_forwarded(listener, forward));
         }
+        for (listener, s) in socks {
+            tokio::spawn(inner.clone().accept_socks(listener, s));
+        }
         tokio::spawn(inner.clone().accept_tunnels());
         Ok(Self { inner })
     }
@@ -325,7 +370,7 @@ impl Gateway {
     /// Established sessions are kept. The key, the tunnel address, the transport settings
     /// and the listener port need a restart.
     pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
-        validate_peers(&config.peers, &config.forwards)?;
+        validate_peers(&config)?;
         let old = self.inner.config();
         if config.secret.public_key() != old.secret.public_key() {
             return Err(GatewayError::NeedsRestart("the private key"));
@@ -333,8 +378,10 @@ impl Gateway {
         if config.tunnel_listen != old.tunnel_listen {
             return Err(GatewayError::NeedsRestart("the tunnel address"));
         }
-        if config.forwards != old.forwards {
-            return Err(GatewayError::NeedsRestart("the forwarding listeners"));
+        if config.forwards != old.forwards || config.socks != old.socks {
+            return Err(GatewayError::NeedsRestart(
+                "the forwarding and SOCKS listeners",
+            ));
         }
         let none = PrefixTable::default();
         if config.intercept.as_ref().map(|i| i.port) != old.intercept.as_ref().map(|i| i.port)
@@ -499,12 +546,17 @@ impl Gateway {
     }
 }
 
-fn validate_peers(peers: &[PeerConfig], forwards: &[ForwardConfig]) -> Result<(), GatewayError> {
-    for f in forwards {
-        if !peers.iter().any(|p| p.name == f.peer) {
+fn validate_peers(config: &GatewayConfig) -> Result<(), GatewayError> {
+    let peers = &config.peers;
+    let entries = config
+        .forwards
+        .iter()
+        .map(|f| (&f.name, &f.peer))
+        .chain(config.socks.iter().map(|s| (&s.name, &s.peer)));
+    for (name, peer) in entries {
+        if !peers.iter().any(|p| &p.name == peer) {
             return Err(GatewayError::Peers(format!(
-                "forwarding listener \"{}\": \"{}\" is not a configured peer",
-                f.name, f.peer
+                "listener \"{name}\": \"{peer}\" is not a configured peer"
             )));
         }
     }
@@ -815,20 +867,55 @@ impl Inner {
             let this = self.clone();
             let forward = forward.clone();
             self.sessions_tracker.spawn(async move {
-                let decision = {
-                    let set = this.peer_set();
-                    let peer = set
-                        .by_key
-                        .values()
-                        .find(|e| e.peer.config().name == forward.peer)
-                        .map(|e| e.peer.clone());
-                    this.decide_for(&set, peer.as_ref())
-                };
+                let decision = this.decide_by_name(&forward.peer);
                 let entry = Entry::Forward(forward.name.clone());
                 this.outbound(tcp, client, (forward.to.clone(), entry), decision)
                     .await
             });
         }
+    }
+
+    /// Connections to a SOCKS5 listener: the handshake (bounded in time), then as a
+    /// forwarding listener's, to the destination the client asked for.
+    async fn accept_socks(self: Arc<Self>, listener: TcpListener, config: SocksConfig) {
+        let config = Arc::new(config);
+        while let Some((mut tcp, client)) = self.next_connection(&listener).await {
+            let client = ClientAddr(canonical(client));
+            let this = self.clone();
+            let config = config.clone();
+            self.sessions_tracker.spawn(async move {
+                let handshake = tokio::time::timeout(
+                    SOCKS_HANDSHAKE,
+                    socks::handshake(&mut tcp, &config.users),
+                );
+                let destination = match handshake.await {
+                    Ok(Ok(destination)) => destination,
+                    Ok(Err(e)) => {
+                        debug!(%client, listener = %config.name, error = %e, "SOCKS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%client, listener = %config.name, "SOCKS handshake timed out");
+                        return;
+                    }
+                };
+                let decision = this.decide_by_name(&config.peer);
+                let entry = Entry::Socks(config.name.clone());
+                this.outbound(tcp, client, (destination, entry), decision)
+                    .await
+            });
+        }
+    }
+
+    /// Where a connection for the peer named `name` goes.
+    fn decide_by_name(&self, name: &str) -> Decision {
+        let set = self.peer_set();
+        let peer = set
+            .by_key
+            .values()
+            .find(|e| e.peer.config().name == name)
+            .map(|e| e.peer.clone());
+        self.decide_for(&set, peer.as_ref())
     }
 
     /// Where an intercepted connection goes: the peer serving its destination's prefix.
@@ -894,7 +981,7 @@ impl Inner {
     /// `destination` as `decision` says.
     async fn outbound(
         self: Arc<Self>,
-        tcp: TcpStream,
+        mut tcp: TcpStream,
         client: ClientAddr,
         (destination, entry): (Target, Entry),
         decision: Decision,
@@ -909,6 +996,8 @@ impl Inner {
         let mut decision = decision;
         // Only an intercepted client is on a LAN the far side (or a bypass) may speak for.
         let transparent = entry == Entry::Intercepted;
+        // A SOCKS client waits for the answer to its request before it sends data.
+        let socks = matches!(entry, Entry::Socks(_));
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
             self.sessions.totals.count(Ending::RefusedLimit);
@@ -921,6 +1010,10 @@ impl Inner {
             Decision::Reject { peer } => {
                 info!(%client, %destination, %peer, "peer down; connection rejected");
                 self.sessions.totals.count(Ending::RefusedPeerDown);
+                if socks {
+                    let _ =
+                        socks::send_reply(&mut tcp, socks::reply::NETWORK_UNREACHABLE, None).await;
+                }
                 sys::abort(tcp);
                 return;
             }
@@ -960,7 +1053,20 @@ impl Inner {
         async {
             info!("session opened");
             let outcome = match stream {
-                Some(stream) => self.relay(&session, tcp, stream).await,
+                Some(stream) => {
+                    // Through the tunnel the answer is optimistic: the far gateway connects
+                    // while data flows, and a failure there reaches the client as a reset.
+                    if socks {
+                        let bound = tcp.local_addr().ok();
+                        if let Err(e) =
+                            socks::send_reply(&mut tcp, socks::reply::SUCCEEDED, bound).await
+                        {
+                            debug!(error = %e, "SOCKS client gone");
+                            return;
+                        }
+                    }
+                    self.relay(&session, tcp, stream).await
+                }
                 None => {
                     // Direct, and for an intercepted client still from its address: the server
                     // sees the same connection it would without wsx.
@@ -973,11 +1079,24 @@ impl Inner {
                     {
                         Ok(server) => {
                             let _ = sys::tune(&server, &options);
+                            if socks {
+                                let bound = server.local_addr().ok();
+                                if socks::send_reply(&mut tcp, socks::reply::SUCCEEDED, bound)
+                                    .await
+                                    .is_err()
+                                {
+                                    return;
+                                }
+                            }
                             self.relay(&session, tcp, server).await
                         }
                         Err(e) => {
                             info!(error = %e, "bypass connect failed");
                             self.sessions.totals.count(Ending::ConnectFailed);
+                            if socks {
+                                let code = socks::connect_error_reply(&e);
+                                let _ = socks::send_reply(&mut tcp, code, None).await;
+                            }
                             sys::abort(tcp);
                             return;
                         }

@@ -14,6 +14,8 @@
 //!   silence, the secondary peer.
 //! - `chunked`: session data on tunnel streams as chunks, deflated where that pays
 //!   ([`wsx_fec::compress`]), with per-peer counters ([`CompressionStats`]).
+//! - `socks`: the server side of a SOCKS5 handshake (CONNECT, RFC 1928; RFC 1929
+//!   authentication), for SOCKS listeners.
 //! - `relay`: client ↔ stream (or ↔ server, when bypassing) with bounded buffers, half-close
 //!   and reset propagation, byte counts and an idle timeout.
 //! - `session`: the table of live sessions (each can be killed), and the gateway's running
@@ -29,14 +31,17 @@ mod peers;
 mod relay;
 pub mod rules;
 mod session;
+mod socks;
 pub mod sys;
 
 pub use addrs::{ClientAddr, OrigDstAddr};
 pub use chunked::CompressionStats;
 pub use gateway::{
     ForwardConfig, Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig,
+    SocksConfig,
 };
 pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus, TunnelStatus};
 pub use relay::code as reset_code;
 pub use session::{Entry, GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};
+pub use socks::SocksUser;
 pub use wsx_tunnel::Target;

@@ -41,6 +41,8 @@ pub enum Entry {
     Intercepted,
     /// Accepted by the named forwarding listener.
     Forward(String),
+    /// Accepted by the named SOCKS5 listener.
+    Socks(String),
     /// Opened by the peer through the tunnel.
     Tunnel,
 }
@@ -50,6 +52,7 @@ impl std::fmt::Display for Entry {
         match self {
             Entry::Intercepted => f.write_str("intercepted"),
             Entry::Forward(name) => write!(f, "forward:{name}"),
+            Entry::Socks(name) => write!(f, "socks:{name}"),
             Entry::Tunnel => f.write_str("tunnel"),
         }
     }

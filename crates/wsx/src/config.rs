@@ -31,6 +31,9 @@ pub(crate) struct Config {
     /// Forwarding listeners: explicit entry points, no interception needed.
     #[serde(default, rename = "forward")]
     pub(crate) forwards: Vec<Forward>,
+    /// SOCKS5 listeners: explicit entry points where the client names the destination.
+    #[serde(default)]
+    pub(crate) socks: Vec<Socks>,
     #[serde(default)]
     pub(crate) log: Log,
     /// The management API; leave the table out to run without it.
@@ -135,6 +138,30 @@ pub(crate) struct Forward {
     /// `HOST:PORT` (a name the far gateway resolves, or an address; IPv6 in brackets).
     pub(crate) to: Spanned<String>,
     pub(crate) peer: Spanned<String>,
+}
+
+/// `[[socks]]`: a SOCKS5 listener whose sessions go through `peer`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Socks {
+    pub(crate) name: Spanned<String>,
+    pub(crate) listen: SocketAddr,
+    pub(crate) peer: Spanned<String>,
+    /// Username/password authentication (RFC 1929) when not empty.
+    #[serde(default)]
+    pub(crate) users: Vec<SocksUser>,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SocksUser {
+    pub(crate) name: String,
+    #[serde(serialize_with = "mask")]
+    pub(crate) password: String,
+}
+
+fn mask<S: Serializer>(_: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str("<secret>")
 }
 
 /// Parses `HOST:PORT`: an address, or a name for the far side to resolve.
@@ -632,6 +659,55 @@ impl Loaded {
                 peer.clone(),
             ));
         }
+        for (i, x) in c.socks.iter().enumerate() {
+            let name = x.name.get_ref();
+            if name.is_empty() || c.socks[..i].iter().any(|o| o.name.get_ref() == name) {
+                return Err(self.error(
+                    Some(x.name.span().start),
+                    format!("socks[{i}].name"),
+                    "must be set and differ from the other SOCKS listeners' names",
+                ));
+            }
+            let peer = x.peer.get_ref();
+            if !c.peers.iter().any(|p| p.name.get_ref() == peer) {
+                return Err(self.error(
+                    Some(x.peer.span().start),
+                    format!("socks[{i}].peer"),
+                    format!("\"{peer}\" is not a peer's name"),
+                ));
+            }
+            let listens = c.forwards.iter().map(|f| f.listen);
+            if listens
+                .chain(c.socks[..i].iter().map(|o| o.listen))
+                .any(|l| l == x.listen)
+            {
+                return Err(self.error(
+                    Some(x.name.span().start),
+                    format!("socks[{i}].listen"),
+                    format!("{} is used by another listener", x.listen),
+                ));
+            }
+            for (j, u) in x.users.iter().enumerate() {
+                // RFC 1929 carries each in one length byte.
+                if !(1..=255).contains(&u.name.len()) || !(1..=255).contains(&u.password.len()) {
+                    return Err(self.error(
+                        Some(x.name.span().start),
+                        format!("socks[{i}].users[{j}]"),
+                        "name and password must each be 1 to 255 bytes",
+                    ));
+                }
+            }
+            let mut socks = wsx_proxy::SocksConfig::new(name.clone(), x.listen, peer.clone());
+            socks.users = x
+                .users
+                .iter()
+                .map(|u| wsx_proxy::SocksUser {
+                    name: u.name.clone(),
+                    password: u.password.clone(),
+                })
+                .collect();
+            gateway.socks.push(socks);
+        }
         Ok(gateway)
     }
 }
@@ -936,6 +1012,31 @@ fec = "off"
             e.contains("forward[0].peer: \"nobody\" is not a peer's name"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn socks_listeners_are_read_and_their_passwords_masked() {
+        let text = format!(
+            "[tunnel]\nprivate_key = \"{KEY_A}\"\n[[peer]]\nname = \"hq\"\npublic_key = \"{}\"\n[[socks]]\nname = \"apps\"\nlisten = \"[::1]:1080\"\npeer = \"hq\"\nusers = [{{ name = \"alice\", password = \"pa55word\" }}]\n",
+            peer_key()
+        );
+        let c = parse(&text).unwrap();
+        assert_eq!(c.socks[0].listen, "[::1]:1080".parse().unwrap());
+        assert_eq!(c.socks[0].users[0].name, "alice");
+        let loaded = Loaded::parse(Path::new("wsx.toml"), text.clone()).unwrap();
+        let json = serde_json::to_string(&loaded.config).unwrap();
+        assert!(
+            !json.contains("pa55word") && json.contains("<secret>"),
+            "{json}"
+        );
+        let e = parse(&text.replace("password = \"pa55word\"", "password = \"\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("socks[0].users[0]"), "{e}");
+        let e = parse(&text.replace("peer = \"hq\"\nusers", "peer = \"x\"\nusers"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("socks[0].peer"), "{e}");
     }
 
     #[test]
