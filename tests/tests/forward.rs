@@ -1,7 +1,7 @@
-//! Forwarding listeners end to end: an application on site A connects to a port on gw-a
-//! (no interception, no rules, no privileges), and gw-b connects to the configured
-//! destination: an address on site B, or a name that gw-b resolves. Every transfer is
-//! verified by hash. Needs root (for the lab); run with `cargo xtask test`.
+//! Explicit entry points end to end: an application on site A connects to a forwarding
+//! listener or a SOCKS5 listener on gw-a (no interception, no rules, no privileges), and
+//! gw-b connects to the destination: an address on site B, or a name that gw-b resolves.
+//! Every transfer is verified by hash. Needs root (for the lab); run with `cargo xtask test`.
 
 // Test code: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
@@ -109,4 +109,130 @@ fn forwarding_listeners_carry_sessions_to_addresses_and_names_without_privileges
         .unwrap();
     client.write_all(b"x").unwrap();
     assert_eq!(accepted.join().unwrap(), IpAddr::from(addr::GWB_LAN_V4));
+}
+
+/// Serves `body` over HTTP/1.1 to `count` requests on `listener` (one per connection).
+fn serve(
+    listener: std::net::TcpListener,
+    body: Vec<u8>,
+    count: usize,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for _ in 0..count {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") {
+                s.read_exact(&mut byte).unwrap();
+                request.push(byte[0]);
+            }
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).unwrap();
+            s.write_all(&body).unwrap();
+        }
+    })
+}
+
+#[test]
+fn socks5_clients_reach_addresses_and_names_through_the_tunnel_and_bad_requests_get_codes() {
+    let lab = wsx_e2e::gateway_lab();
+    let dir = wsx_e2e::config_dir(&lab);
+    let body = wsx_e2e::pseudo_random(3_000_000, 21);
+    let (v4, v4_addr) = listen(&lab, Node::Server, addr::server(false));
+    let (v6, v6_addr) = listen(&lab, Node::Server, addr::server(true));
+    let (local, local_addr) = listen(&lab, Node::GwB, IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let servers = [
+        serve(v4, body.clone(), 1),
+        serve(v6, body.clone(), 1),
+        serve(local, body.clone(), 2),
+    ];
+
+    let proxy = SocketAddr::new(addr::GWA_LAN_V4.into(), 1080);
+    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
+    let gw_a = c
+        .gw_a
+        .replace("[intercept]\ninterfaces = [\"lan0\"]\n", "")
+        .replace("[sessions]\n", "[sessions]\ntransparent_origin = false\n")
+        + &format!(
+            "\n[[socks]]\nname = \"apps\"\nlisten = \"{proxy}\"\npeer = \"gw-b\"\nusers = [{{ name = \"alice\", password = \"pa55word\" }}]\n"
+        );
+    let gw_a = Daemon::start_unprivileged(&lab, Node::GwA, &dir, &gw_a);
+    let gw_b = Daemon::start(&lab, Node::GwB, &dir, &c.gw_b);
+    wait_for_tunnel(&gw_a, &gw_b, 1);
+
+    // curl, resolving names at the proxy (at gw-b, in the end).
+    let fetch = |url: String| {
+        let file = dir.join(format!("fetched-{}", file_name_for(&url)));
+        let out = lab
+            .command(Node::Client, "curl")
+            .args(["--silent", "--show-error", "--fail", "--max-time", "30"])
+            .args([
+                "--socks5-hostname",
+                &proxy.to_string(),
+                "--proxy-user",
+                "alice:pa55word",
+            ])
+            .arg("--output")
+            .arg(&file)
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "curl {url}: {out:?}");
+        let got = std::fs::read(&file).unwrap();
+        assert_eq!(wsx_e2e::digest(&got), wsx_e2e::digest(&body), "{url}");
+    };
+    fetch(format!("http://{v4_addr}/"));
+    fetch(format!("http://{v6_addr}/"));
+    fetch(format!("http://localhost:{}/", local_addr.port()));
+
+    // Bad requests, by hand, get the RFC's answers; the listener keeps serving.
+    let talk = |send: &[u8], expect: usize| -> Vec<u8> {
+        let send = send.to_vec();
+        lab.run_in(Node::Client, move || {
+            let mut s = TcpStream::connect(proxy).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(&send).unwrap();
+            let mut got = Vec::new();
+            let _ = s.take(expect as u64 + 1).read_to_end(&mut got);
+            got
+        })
+        .unwrap()
+    };
+    // SOCKS4: closed without an answer.
+    assert_eq!(talk(&[4, 1, 0, 80, 10, 71, 3, 2, 0], 8), b"");
+    // No username/password offered: no acceptable method.
+    assert_eq!(talk(&[5, 1, 0], 2), [5, 0xff]);
+    // Wrong password.
+    let mut wrong = vec![5, 1, 2, 1, 5];
+    wrong.extend_from_slice(b"alice");
+    wrong.push(5);
+    wrong.extend_from_slice(b"guess");
+    assert_eq!(talk(&wrong, 4), [5, 2, 1, 1]);
+    // BIND: command not supported (07); address type 9: not supported (08).
+    let login = |rest: &[u8]| {
+        let mut bytes = vec![5, 1, 2, 1, 5];
+        bytes.extend_from_slice(b"alice");
+        bytes.push(8);
+        bytes.extend_from_slice(b"pa55word");
+        bytes.extend_from_slice(rest);
+        bytes
+    };
+    let reply = talk(&login(&[5, 2, 0, 1, 10, 71, 3, 2, 0, 80]), 14);
+    assert_eq!(&reply[4..6], [5, 7], "{reply:?}");
+    let reply = talk(&login(&[5, 1, 0, 9, 1, 2, 3]), 14);
+    assert_eq!(&reply[4..6], [5, 8], "{reply:?}");
+    // Still serving.
+    fetch(format!("http://localhost:{}/", local_addr.port()));
+    for s in servers {
+        s.join().unwrap();
+    }
+    assert_eq!(gw_a.count_all(&["entry=socks:apps", "session opened"]), 4);
+}
+
+/// A file name for a URL.
+fn file_name_for(url: &str) -> String {
+    format!("{:016x}", wsx_e2e::digest(url.as_bytes()))
 }

@@ -17,7 +17,7 @@ pub(crate) struct TestArgs {
 }
 
 /// Programs the lab needs and the Debian packages that provide them.
-const REQUIRED: [(&str, &str); 7] = [
+const REQUIRED: [(&str, &str); 8] = [
     ("ip", "iproute2"),
     ("ethtool", "ethtool"),
     ("nft", "nftables"),
@@ -27,6 +27,8 @@ const REQUIRED: [(&str, &str); 7] = [
     ("nsenter", "util-linux"),
     // The API test's schemathesis runs in a virtual environment.
     ("python3", "python3-venv"),
+    // The SOCKS test's client.
+    ("curl", "curl"),
 ];
 
 /// The schemathesis release the API test was written against.

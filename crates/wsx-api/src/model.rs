@@ -167,8 +167,8 @@ pub struct Session {
     pub client: String,
     /// An address, or `name:port` for a forwarding listener's name target.
     pub destination: String,
-    /// Where it entered this gateway: `intercepted`, `forward:NAME`, or `tunnel` (opened
-    /// by the peer).
+    /// Where it entered this gateway: `intercepted`, `forward:NAME`, `socks:NAME`, or
+    /// `tunnel` (opened by the peer).
     pub entry: String,
     /// The peer gateway the session goes to or came from (none: bypass with no peer).
     pub peer: Option<String>,
