@@ -31,8 +31,11 @@ pub(crate) enum Mode {
     DirectCubic,
     /// Plain kernel TCP, BBR, end to end through the emulated WAN.
     DirectBbr,
-    /// Through the wsx gateways on gw-a and gw-b.
+    /// Through the wsx gateways on gw-a and gw-b, intercepted transparently.
     Wsx,
+    /// Through the wsx gateways, entering by a forwarding listener on gw-a (no
+    /// interception): the sender connects to gw-a, gw-b connects to the server.
+    WsxForward,
     /// The tunnel alone: streams from memory in gw-a to memory in gw-b, carried by the
     /// tunnel driver across the emulated WAN (no TCP, no proxy).
     Tunnel,
@@ -46,7 +49,7 @@ impl Mode {
         match self {
             Mode::DirectCubic => Some("cubic"),
             Mode::DirectBbr => Some("bbr"),
-            Mode::Wsx | Mode::Tunnel | Mode::TunnelVeth => None,
+            Mode::Wsx | Mode::WsxForward | Mode::Tunnel | Mode::TunnelVeth => None,
         }
     }
 
@@ -70,11 +73,31 @@ impl Mode {
                 Node::Client,
                 SocketAddr::new(pick(addr::GWA_LAN_V4, addr::GWA_LAN_V6), TUNNEL_PORT),
             ),
-            Mode::DirectCubic | Mode::DirectBbr | Mode::Wsx => (
+            Mode::DirectCubic | Mode::DirectBbr | Mode::Wsx | Mode::WsxForward => (
                 Node::Server,
                 Node::Client,
                 SocketAddr::new(addr::server(ipv6), 5201),
             ),
+        }
+    }
+
+    fn is_wsx(self) -> bool {
+        matches!(self, Mode::Wsx | Mode::WsxForward)
+    }
+
+    /// Where the sender connects: the sink's address, or the forwarding listener on gw-a
+    /// (same port) that leads there.
+    fn entry(self, ipv6: bool, sink: SocketAddr) -> SocketAddr {
+        match self {
+            Mode::WsxForward => {
+                let lan: IpAddr = if ipv6 {
+                    addr::GWA_LAN_V6.into()
+                } else {
+                    addr::GWA_LAN_V4.into()
+                };
+                SocketAddr::new(lan, sink.port())
+            }
+            _ => sink,
         }
     }
 
@@ -83,6 +106,7 @@ impl Mode {
             Mode::DirectCubic => "direct-cubic",
             Mode::DirectBbr => "direct-bbr",
             Mode::Wsx => "wsx",
+            Mode::WsxForward => "wsx-forward",
             Mode::Tunnel => "tunnel",
             Mode::TunnelVeth => "tunnel-veth",
         }
@@ -451,7 +475,7 @@ impl Case {
             self.seconds,
             self.payload,
             if self.ipv6 { " IPv6" } else { "" },
-            if self.mode == Mode::Wsx {
+            if self.mode.is_wsx() {
                 format!(
                     " fec {} compression {}",
                     self.gateways.fec.as_str(),
@@ -472,18 +496,20 @@ impl Case {
 pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     let lab = Lab::start(&case.wan.emulator_config())?;
     let work = tempdir(&lab)?;
+    let (sink_node, sender_node, target) = case.mode.endpoints(case.ipv6);
+    let entry = case.mode.entry(case.ipv6, target);
     let gateways = match case.mode {
-        Mode::Wsx => Some(crate::gateway::Pair::start(
+        Mode::Wsx | Mode::WsxForward => Some(crate::gateway::Pair::start(
             &lab,
             &work,
             binary,
             case.gateways,
+            (entry != target).then_some((entry, target)),
         )?),
         _ => None,
     };
     let sink_json = work.join("sink.json");
     let send_json = work.join("send.json");
-    let (sink_node, sender_node, target) = case.mode.endpoints(case.ipv6);
     let (sink_keys, sender_keys) = if case.mode.is_tunnel() {
         let (a, b) = (SecretKey::generate(), SecretKey::generate());
         let args = |own: &SecretKey, peer: &SecretKey| {
@@ -525,7 +551,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     sender.args([
         "send",
         "--to",
-        &target.to_string(),
+        &entry.to_string(),
         "--flows",
         &case.flows.to_string(),
         "--seconds",

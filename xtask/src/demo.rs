@@ -80,6 +80,7 @@ fn case_label(mode: Mode) -> &'static str {
         Mode::DirectCubic => "plain TCP, CUBIC",
         Mode::DirectBbr => "plain TCP, BBR",
         Mode::Wsx => "wsx (through both gateways)",
+        Mode::WsxForward => "wsx (a forwarding listener on gw-a)",
         Mode::Tunnel => "wsx tunnel alone (gw-a to gw-b)",
         Mode::TunnelVeth => "wsx tunnel alone (clean veth)",
     }

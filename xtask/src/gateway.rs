@@ -88,12 +88,14 @@ pub(crate) struct Pair {
 
 impl Pair {
     /// Starts `wsx` (found beside the lab binary) in gw-a and gw-b and waits until the
-    /// tunnel between them carries sessions.
+    /// tunnel between them carries sessions. With `forward` (listen, to), gw-a does not
+    /// intercept but runs a forwarding listener.
     pub(crate) fn start(
         lab: &Lab,
         work: &Path,
         lab_binary: &Path,
         settings: Settings,
+        forward: Option<(SocketAddr, SocketAddr)>,
     ) -> Result<Self> {
         let wsx = lab_binary.with_file_name("wsx");
         if !wsx.is_file() {
@@ -123,7 +125,14 @@ impl Pair {
         let mut logs = Vec::new();
         for (node, own, peer, endpoint, remote) in nodes {
             let config = work.join(format!("{}.toml", node.role()));
-            std::fs::write(&config, config_text(own, peer, endpoint, &remote, settings))?;
+            let mut text = config_text(own, peer, endpoint, &remote, settings);
+            if let (Node::GwA, Some((listen, to))) = (node, forward) {
+                text = text.replace("[intercept]\ninterfaces = [\"lan0\"]\n\n", "")
+                    + &format!(
+                        "\n[[forward]]\nname = \"bench\"\nlisten = \"{listen}\"\nto = \"{to}\"\npeer = \"peer\"\n"
+                    );
+            }
+            std::fs::write(&config, text)?;
             let log = work.join(format!("{}.log", node.role()));
             let child = lab
                 .command(node, &wsx)
