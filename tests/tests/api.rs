@@ -317,6 +317,14 @@ fn a_configuration_applied_through_the_api_is_saved_and_survives_a_restart() {
     assert!(error["error"]["line"].as_u64().is_some(), "{body}");
     assert_eq!(std::fs::read_to_string(&gw_a.config).unwrap(), original);
 
+    // A candidate that could not start (an API token too short) is refused too, though a
+    // reload would not apply [api]: it would be saved for the next restart.
+    let weak = original.replace(TOKEN, "short");
+    let (status, body) = request(&lab, "PUT", "/api/v1/config", Some(("text/plain", weak)));
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("api.tokens"), "{body}");
+    assert_eq!(std::fs::read_to_string(&gw_a.config).unwrap(), original);
+
     // A change only a restart can make is refused, and the file stays as it was.
     let moved = original.replace("listen = \"[::]:4500\"", "listen = \"[::]:4501\"");
     let (status, body) = request(&lab, "PUT", "/api/v1/config", Some(("text/plain", moved)));

@@ -18,7 +18,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::reload;
 use wsx_api::model::{ConfigSummary, ConfigView};
 use wsx_api::{ApiError, BoxFuture, ErrorCode};
-use wsx_proxy::{Gateway, GatewayError};
+use wsx_proxy::{Gateway, GatewayConfig, GatewayError};
 
 /// Changes the log filter of the running subscriber.
 pub(crate) struct LogControl {
@@ -85,20 +85,21 @@ impl Daemon {
     pub(crate) async fn reload_file(&self) -> Result<()> {
         let _one = self.reloading.lock().await;
         let loaded = Loaded::read(&self.path)?;
-        self.apply(loaded).await.map_err(anyhow::Error::new)
+        let config = check(&loaded)?;
+        self.apply(loaded, config).await.map_err(anyhow::Error::new)
     }
 
     /// The API: validates `text`, writes it to the file, applies it; puts the old file
     /// back if the gateway refuses it.
     async fn apply_text(&self, text: String) -> Result<ConfigSummary, ApiError> {
         let _one = self.reloading.lock().await;
-        let loaded = self.validate(text)?;
-        let summary = summary(&loaded, true)?;
+        let (loaded, config) = self.validate(text)?;
+        let summary = summary(&config, true);
         let previous = std::fs::read(&self.path)
             .map_err(|e| internal(format!("reading {}: {e}", self.path.display())))?;
         write_atomically(&self.path, loaded.text.as_bytes())
             .map_err(|e| internal(format!("{e:#}")))?;
-        if let Err(e) = self.apply(loaded).await {
+        if let Err(e) = self.apply(loaded, config).await {
             if let Err(restore) = write_atomically(&self.path, &previous) {
                 tracing::error!(error = %format!("{restore:#}"), "could not restore the configuration file");
             }
@@ -109,14 +110,13 @@ impl Daemon {
     }
 
     /// Parses and checks a candidate as if it were the file.
-    fn validate(&self, text: String) -> Result<Loaded, ApiError> {
+    fn validate(&self, text: String) -> Result<(Loaded, GatewayConfig), ApiError> {
         let loaded = Loaded::parse(&self.path, text).map_err(config_error)?;
-        loaded.gateway().map_err(config_error)?;
-        Ok(loaded)
+        let config = check(&loaded).map_err(config_error)?;
+        Ok((loaded, config))
     }
 
-    async fn apply(&self, loaded: Loaded) -> Result<(), ApiError> {
-        let config = loaded.gateway().map_err(config_error)?;
+    async fn apply(&self, loaded: Loaded, config: GatewayConfig) -> Result<(), ApiError> {
         if loaded.config.api != self.running().config.api {
             tracing::warn!("the [api] section changed: it takes effect at the next restart");
         }
@@ -154,8 +154,8 @@ impl wsx_api::Control for Daemon {
     }
 
     fn check_config(&self, text: &str) -> Result<ConfigSummary, ApiError> {
-        let loaded = self.validate(text.to_owned())?;
-        summary(&loaded, false)
+        let (_, config) = self.validate(text.to_owned())?;
+        Ok(summary(&config, false))
     }
 
     fn apply_config(&self, text: String) -> BoxFuture<'_, Result<ConfigSummary, ApiError>> {
@@ -173,13 +173,19 @@ impl wsx_api::Control for Daemon {
     }
 }
 
-fn summary(loaded: &Loaded, applied: bool) -> Result<ConfigSummary, ApiError> {
-    let gateway = loaded.gateway().map_err(config_error)?;
-    Ok(ConfigSummary {
-        peers: gateway.peers.len() as u64,
-        interception: gateway.intercept.is_some(),
+/// Checks everything a restart would (the `[api]` table too, though a reload does not
+/// apply it: a candidate saved now must start later) and returns the gateway's settings.
+fn check(loaded: &Loaded) -> Result<GatewayConfig> {
+    loaded.api()?;
+    loaded.gateway()
+}
+
+fn summary(config: &GatewayConfig, applied: bool) -> ConfigSummary {
+    ConfigSummary {
+        peers: config.peers.len() as u64,
+        interception: config.intercept.is_some(),
         applied,
-    })
+    }
 }
 
 /// A configuration error as the API reports it: the field, line and column it names.
