@@ -272,6 +272,16 @@ struct PeerSet {
     table: Arc<PrefixTable>,
 }
 
+impl PeerSet {
+    /// The peer configured under `name`.
+    fn by_name(&self, name: &str) -> Option<&Arc<Peer>> {
+        self.by_key
+            .values()
+            .map(|e| &e.peer)
+            .find(|p| p.config().name == name)
+    }
+}
+
 #[derive(Debug)]
 struct PeerEntry {
     peer: Arc<Peer>,
@@ -460,12 +470,12 @@ impl Gateway {
     /// false if no peer has that name.
     pub fn set_bypass(&self, name: &str, force: bool) -> bool {
         let set = self.inner.peer_set();
-        let Some(entry) = set.by_key.values().find(|e| e.peer.config().name == name) else {
+        let Some(peer) = set.by_name(name) else {
             return false;
         };
-        let mut config = entry.peer.config();
+        let mut config = peer.config();
         config.force_bypass = force;
-        entry.peer.set_config(config);
+        peer.set_config(config);
         true
     }
 
@@ -910,12 +920,7 @@ impl Inner {
     /// Where a connection for the peer named `name` goes.
     fn decide_by_name(&self, name: &str) -> Decision {
         let set = self.peer_set();
-        let peer = set
-            .by_key
-            .values()
-            .find(|e| e.peer.config().name == name)
-            .map(|e| e.peer.clone());
-        self.decide_for(&set, peer.as_ref())
+        self.decide_for(&set, set.by_name(name))
     }
 
     /// Where an intercepted connection goes: the peer serving its destination's prefix.
@@ -950,16 +955,13 @@ impl Inner {
             };
         }
         let secondary = config.secondary.as_ref().and_then(|name| {
-            set.by_key
-                .values()
-                .find(|e| &e.peer.config().name == name)
-                .and_then(|e| {
-                    let c = e.peer.config();
-                    (!c.force_bypass)
-                        .then(|| e.peer.usable_tunnel(health))
-                        .flatten()
-                        .map(|t| (c.name, t, e.peer.codec()))
-                })
+            set.by_name(name).and_then(|p| {
+                let c = p.config();
+                (!c.force_bypass)
+                    .then(|| p.usable_tunnel(health))
+                    .flatten()
+                    .map(|t| (c.name, t, p.codec()))
+            })
         });
         if let Some((name, tunnel, codec)) = secondary {
             return Decision::Tunnel {
