@@ -637,14 +637,7 @@ impl Loaded {
             }
             let to = parse_target(f.to.get_ref())
                 .map_err(|e| self.error(Some(f.to.span().start), format!("forward[{i}].to"), e))?;
-            let peer = f.peer.get_ref();
-            if !c.peers.iter().any(|p| p.name.get_ref() == peer) {
-                return Err(self.error(
-                    Some(f.peer.span().start),
-                    format!("forward[{i}].peer"),
-                    format!("\"{peer}\" is not a peer's name"),
-                ));
-            }
+            let peer = self.known_peer(format!("forward[{i}].peer"), &f.peer)?;
             if c.forwards[..i].iter().any(|o| o.listen == f.listen) {
                 return Err(self.error(
                     Some(f.name.span().start),
@@ -656,7 +649,7 @@ impl Loaded {
                 name.clone(),
                 f.listen,
                 to,
-                peer.clone(),
+                peer,
             ));
         }
         for (i, x) in c.socks.iter().enumerate() {
@@ -668,14 +661,7 @@ impl Loaded {
                     "must be set and differ from the other SOCKS listeners' names",
                 ));
             }
-            let peer = x.peer.get_ref();
-            if !c.peers.iter().any(|p| p.name.get_ref() == peer) {
-                return Err(self.error(
-                    Some(x.peer.span().start),
-                    format!("socks[{i}].peer"),
-                    format!("\"{peer}\" is not a peer's name"),
-                ));
-            }
+            let peer = self.known_peer(format!("socks[{i}].peer"), &x.peer)?;
             let listens = c.forwards.iter().map(|f| f.listen);
             if listens
                 .chain(c.socks[..i].iter().map(|o| o.listen))
@@ -697,7 +683,7 @@ impl Loaded {
                     ));
                 }
             }
-            let mut socks = wsx_proxy::SocksConfig::new(name.clone(), x.listen, peer.clone());
+            let mut socks = wsx_proxy::SocksConfig::new(name.clone(), x.listen, peer);
             socks.users = x
                 .users
                 .iter()
@@ -709,6 +695,20 @@ impl Loaded {
             gateway.socks.push(socks);
         }
         Ok(gateway)
+    }
+
+    /// The name `peer` gives, if a configured peer has it; else an error at `field`.
+    fn known_peer(&self, field: String, peer: &Spanned<String>) -> Result<String> {
+        let name = peer.get_ref();
+        if self.config.peers.iter().any(|p| p.name.get_ref() == name) {
+            Ok(name.clone())
+        } else {
+            Err(self.error(
+                Some(peer.span().start),
+                field,
+                format!("\"{name}\" is not a peer's name"),
+            ))
+        }
     }
 }
 
