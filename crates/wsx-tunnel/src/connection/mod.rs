@@ -579,15 +579,20 @@ impl Connection {
         self.streams.read(id, buf)
     }
 
-    /// Whether `read` would return something now.
     /// Reading freed receive window that the peer has not been told of yet: a driver that
     /// sleeps until the next transmit should look at this connection now.
     pub fn credit_pending(&self) -> bool {
         self.streams.credit_queued()
     }
 
+    /// Whether `read` would return something now (data or the end).
     pub fn is_readable(&self, id: StreamId) -> bool {
         self.streams.readable(id)
+    }
+
+    /// How many bytes `read` would return now (contiguous data not yet read).
+    pub fn readable_bytes(&self, id: StreamId) -> usize {
+        self.streams.readable_bytes(id)
     }
 
     /// Aborts a stream in both directions; the peer gets [`Event::StreamReset`].

@@ -20,6 +20,12 @@
 //! which then asks only marked connections, connections that received datagrams and
 //! connections whose timer is due for transmits.
 //!
+//! Reader wake-ups: at 100 Mbit/s paced datagrams arrive one at a time, and waking a stream's
+//! reader for each would cost a task wake-up and a small write to the far socket per datagram.
+//! A reader woken for data is therefore woken again at most once per [`MAX_READ_DELAY`]
+//! (RTT/8 on shorter paths), or sooner once [`READ_LOW_WATER`] bytes wait. The first data
+//! after a quiet spell wakes it at once, so a request that arrives alone is not delayed.
+//!
 //! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
 //! timerfd until then (see `timer.rs` for why not tokio's timer).
@@ -60,6 +66,13 @@ const RECEIVE_CALLS_PER_ROUND: usize = 16;
 /// the others of the socket. A paced connection yields far fewer (one burst per pacing
 /// interval).
 const TRANSMITS_PER_ROUND: usize = 64;
+
+/// The longest a stream reader's wake-up waits for more data after the reader was last woken
+/// for data; see the module documentation. A path shorter than 8 ms waits RTT/8.
+const MAX_READ_DELAY: Duration = Duration::from_millis(1);
+
+/// Bytes waiting for a stream reader that wake it without further delay.
+const READ_LOW_WATER: usize = 64 * 1024;
 
 /// How long a shutting-down driver waits for its connections to finish closing.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -442,14 +455,7 @@ impl Link {
         Arc::new(Self {
             handle,
             peer,
-            state: Mutex::new(LinkState {
-                connection,
-                error: None,
-                streams: HashMap::new(),
-                incoming: VecDeque::new(),
-                controls: VecDeque::new(),
-                waiters: Vec::new(),
-            }),
+            state: Mutex::new(LinkState::new(connection)),
             marked: AtomicBool::new(true),
             shared,
         })
@@ -479,11 +485,28 @@ struct LinkState {
     /// Tasks waiting for anything connection-wide (establishment, a stream, a control
     /// message, the end).
     waiters: Vec<Waker>,
+    /// Streams whose reader waits for data that has arrived, its wake-up deferred.
+    deferred: Vec<StreamId>,
+    /// When the first deferred reader is due.
+    wake_readers_at: Option<Instant>,
 }
 
 impl LinkState {
-    /// Turns the core's events into wake-ups.
-    fn dispatch_events(&mut self) {
+    fn new(connection: Connection) -> Self {
+        Self {
+            connection,
+            error: None,
+            streams: HashMap::new(),
+            incoming: VecDeque::new(),
+            controls: VecDeque::new(),
+            waiters: Vec::new(),
+            deferred: Vec::new(),
+            wake_readers_at: None,
+        }
+    }
+
+    /// Turns the core's events into wake-ups, and wakes the deferred readers that are due.
+    fn dispatch_events(&mut self, now: Instant) {
         while let Some(event) = self.connection.poll_event() {
             match event {
                 Event::Connected => self.wake_waiters(),
@@ -492,8 +515,8 @@ impl LinkState {
                     self.wake_waiters();
                 }
                 Event::StreamReadable(id) => {
-                    if let Some(slot) = self.streams.get_mut(&id) {
-                        wake(slot.reader.take());
+                    if !self.deferred.contains(&id) {
+                        self.deferred.push(id);
                     }
                 }
                 Event::StreamWritable(id) => {
@@ -518,6 +541,33 @@ impl LinkState {
                 }
             }
         }
+        if !self.deferred.is_empty() {
+            self.wake_readers(now);
+        }
+    }
+
+    /// Wakes each reader waiting for data that has arrived, unless it was woken for data
+    /// less than the read delay ago and fewer than [`READ_LOW_WATER`] bytes wait; those
+    /// stay deferred until `wake_readers_at`.
+    fn wake_readers(&mut self, now: Instant) {
+        let delay = (self.connection.rtt().smoothed() / 8).min(MAX_READ_DELAY);
+        let mut next: Option<Instant> = None;
+        let (streams, connection) = (&mut self.streams, &self.connection);
+        self.deferred.retain(|&id| {
+            // Without a waiting reader there is nobody to wake: it reads before it waits.
+            let Some(slot) = streams.get_mut(&id).filter(|s| s.reader.is_some()) else {
+                return false;
+            };
+            let due = slot.last_woken.map_or(now, |at| at + delay);
+            if due <= now || connection.readable_bytes(id) >= READ_LOW_WATER {
+                slot.last_woken = Some(now);
+                wake(slot.reader.take());
+                return false;
+            }
+            next = Some(next.map_or(due, |n| n.min(due)));
+            true
+        });
+        self.wake_readers_at = next;
     }
 
     fn wake_waiters(&mut self) {
@@ -538,6 +588,8 @@ struct StreamSlot {
     writer: Option<Waker>,
     /// The peer reset the stream with this code (the core has forgotten it).
     reset: Option<u64>,
+    /// When the reader was last woken for data.
+    last_woken: Option<Instant>,
 }
 
 impl StreamSlot {
@@ -585,6 +637,8 @@ struct Entry {
     link: Arc<Link>,
     /// The connection's `poll_timeout` when last looked at.
     timeout: Option<Instant>,
+    /// When its first deferred stream reader is due.
+    wake_readers_at: Option<Instant>,
     /// Datagrams arrived since it was last serviced.
     received: bool,
 }
@@ -608,7 +662,12 @@ impl Io {
                     break;
                 }
             }
-            match self.connections.values().filter_map(|e| e.timeout).min() {
+            let deadlines = self.connections.values();
+            match deadlines
+                .flat_map(|e| [e.timeout, e.wake_readers_at])
+                .flatten()
+                .min()
+            {
                 Some(deadline) => self.timer.arm(deadline, now),
                 None => self.timer.disarm(),
             }
@@ -653,6 +712,7 @@ impl Io {
             Entry {
                 link,
                 timeout: None,
+                wake_readers_at: None,
                 received: false,
             },
         );
@@ -718,7 +778,7 @@ impl Io {
             .datagrams_received
             .fetch_add(count, Ordering::Relaxed);
         for (handle, connection, replaces) in new {
-            self.accept(handle, *connection, replaces);
+            self.accept(handle, *connection, replaces, now);
         }
     }
 
@@ -727,11 +787,12 @@ impl Io {
         handle: ConnectionHandle,
         connection: Connection,
         replaces: Option<ConnectionHandle>,
+        now: Instant,
     ) {
         if let Some(old) = replaces.and_then(|h| self.connections.get_mut(&h)) {
             let mut state = old.link.lock();
             state.connection.replaced();
-            state.dispatch_events();
+            state.dispatch_events(now);
             old.received = true;
         }
         let peer = connection.peer_key();
@@ -758,7 +819,7 @@ impl Io {
                     let datagram = &mut self.recv.data_mut()[offset..offset + len];
                     state.connection.handle_datagram(now, from, datagram);
                 }
-                state.dispatch_events();
+                state.dispatch_events(now);
                 entry.received = true;
             }
             i = end;
@@ -771,7 +832,8 @@ impl Io {
         for entry in self.connections.values_mut() {
             let marked = entry.link.marked.swap(false, Ordering::AcqRel);
             let due = entry.timeout.is_some_and(|t| t <= now);
-            if !(marked || due || entry.received) {
+            let readers_due = entry.wake_readers_at.is_some_and(|t| t <= now);
+            if !(marked || due || readers_due || entry.received) {
                 continue;
             }
             entry.received = false;
@@ -811,8 +873,9 @@ impl Io {
                 }
             }
             let mut state = entry.link.lock();
-            state.dispatch_events();
+            state.dispatch_events(now);
             entry.timeout = state.connection.poll_timeout();
+            entry.wake_readers_at = state.wake_readers_at;
             if state.connection.is_drained() {
                 drained.push((entry.link.handle, state.connection.path_hint()));
             }
@@ -825,5 +888,115 @@ impl Io {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Target;
+    use crate::testing::{LinkConfig, Pair};
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    /// Counts the wake-ups of a reader.
+    #[derive(Default)]
+    struct Reader(AtomicUsize);
+
+    impl Wake for Reader {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Reader {
+        fn woken(&self) -> usize {
+            self.0.load(Ordering::Relaxed)
+        }
+    }
+
+    /// The receiving connection of a simulated path of `rtt` once `bytes` of one stream have
+    /// arrived there, in the state the driver keeps, with a reader for the stream.
+    fn receiving(bytes: usize, rtt: Duration) -> (LinkState, StreamId, Arc<Reader>, Instant) {
+        let link = LinkConfig::new(rtt, 100);
+        let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 1);
+        pair.connect();
+        let meta = StreamMeta {
+            destination: Some(Target::Addr(([192, 0, 2, 1], 80).into())),
+            ..StreamMeta::default()
+        };
+        let id = pair.client().open_stream(meta).expect("room for a stream");
+        assert_eq!(pair.client().write(id, &vec![7; bytes]), Ok(bytes));
+        pair.run_until(Duration::from_secs(5), |p| {
+            p.server().readable_bytes(id) >= bytes
+        });
+        let (_, connection) = pair.sides[1]
+            .connections
+            .pop_first()
+            .expect("the server's connection");
+        let mut state = LinkState::new(connection);
+        state.streams.insert(id, StreamSlot::default());
+        let reader = Arc::new(Reader::default());
+        (state, id, reader, pair.now)
+    }
+
+    /// What the driver does when the core reports data for a stream whose reader waits.
+    fn data_arrives(state: &mut LinkState, id: StreamId, reader: &Arc<Reader>, now: Instant) {
+        let slot = state.streams.get_mut(&id).expect("the stream has a slot");
+        slot.reader = Some(Waker::from(reader.clone()));
+        state.deferred.push(id);
+        state.dispatch_events(now);
+    }
+
+    #[test]
+    fn a_reader_is_woken_at_once_after_a_quiet_spell_then_at_most_once_per_read_delay() {
+        let (mut state, id, reader, start) = receiving(1_000, 40 * MAX_READ_DELAY);
+        assert!(state.connection.rtt().smoothed() / 8 >= MAX_READ_DELAY);
+
+        data_arrives(&mut state, id, &reader, start);
+        assert_eq!(
+            reader.woken(),
+            1,
+            "the first data after a quiet spell wakes at once"
+        );
+        assert_eq!(state.wake_readers_at, None);
+
+        let soon = start + Duration::from_micros(100);
+        data_arrives(&mut state, id, &reader, soon);
+        assert_eq!(reader.woken(), 1, "more data within the delay waits");
+        assert_eq!(state.wake_readers_at, Some(start + MAX_READ_DELAY));
+
+        state.dispatch_events(start + MAX_READ_DELAY - Duration::from_micros(1));
+        assert_eq!(reader.woken(), 1);
+        state.dispatch_events(start + MAX_READ_DELAY);
+        assert_eq!(reader.woken(), 2, "the deferred reader is woken when due");
+        assert!(state.deferred.is_empty());
+        assert_eq!(state.wake_readers_at, None);
+
+        // A reader that stopped waiting (it is reading) is not woken later.
+        data_arrives(&mut state, id, &reader, start + MAX_READ_DELAY * 3 / 2);
+        state.streams.get_mut(&id).expect("slot").reader = None;
+        state.dispatch_events(start + MAX_READ_DELAY * 3);
+        assert_eq!(reader.woken(), 2);
+        assert!(state.deferred.is_empty());
+    }
+
+    #[test]
+    fn enough_waiting_data_wakes_a_reader_without_delay() {
+        let (mut state, id, reader, start) = receiving(READ_LOW_WATER, 40 * MAX_READ_DELAY);
+        data_arrives(&mut state, id, &reader, start);
+        data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
+        assert_eq!(reader.woken(), 2);
+        assert!(state.deferred.is_empty());
+    }
+
+    #[test]
+    fn on_a_short_path_the_read_delay_is_an_eighth_of_the_round_trip() {
+        let (mut state, id, reader, start) = receiving(1_000, 2 * MAX_READ_DELAY);
+        data_arrives(&mut state, id, &reader, start);
+        data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
+        let delay = state.connection.rtt().smoothed() / 8;
+        assert!(delay < MAX_READ_DELAY);
+        assert_eq!(state.wake_readers_at, Some(start + delay));
     }
 }

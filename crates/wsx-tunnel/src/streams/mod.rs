@@ -564,6 +564,10 @@ impl Streams {
             .is_some_and(|s| s.recv.readable() > 0 || s.recv.is_finished())
     }
 
+    pub(crate) fn readable_bytes(&self, id: StreamId) -> usize {
+        self.map.get(&id).map_or(0, |s| s.recv.readable())
+    }
+
     fn enqueue(&mut self, id: StreamId) {
         let conn_credit = self.send_max_data - self.sent_data;
         let Some(stream) = self.map.get_mut(&id) else {
