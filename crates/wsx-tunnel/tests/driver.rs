@@ -293,3 +293,40 @@ async fn closing_ends_both_sides_and_unknown_keys_get_no_answer() {
     p.a.shutdown().await;
     p.b.shutdown().await;
 }
+
+#[tokio::test]
+async fn dropping_the_last_handle_closes_the_connection() {
+    let lo = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let Pair {
+        a,
+        b,
+        client,
+        server,
+    } = connected_pair(lo, lo, lo).await;
+    let meta = StreamMeta {
+        destination: Some(SocketAddr::from((Ipv4Addr::new(192, 0, 2, 1), 80)).into()),
+        ..StreamMeta::default()
+    };
+    let stream = client.open(meta).expect("open");
+
+    // A stream keeps its connection: with the tunnel handle gone, it still carries data.
+    drop(client);
+    let data = content(7, 100_000);
+    let sent = tokio::spawn(exchange(stream, data.clone()));
+    let accepted = timeout(HANG, server.accept_stream()).await.expect("hung");
+    let received = exchange(accepted.expect("accept stream"), Vec::new()).await;
+    assert_eq!(hash(&received), hash(&data));
+    assert!(timeout(HANG, sent).await.expect("hung").is_ok());
+
+    // The stream has ended and was dropped: nothing holds the connection any more.
+    let reason = timeout(HANG, server.closed()).await.expect("close hung");
+    assert_eq!(
+        reason,
+        ConnectionError::PeerClosed {
+            code: Tunnel::CLOSE_DROPPED,
+            reason: "dropped".into()
+        }
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}

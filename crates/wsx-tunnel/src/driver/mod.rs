@@ -239,9 +239,19 @@ impl Drop for Driver {
 
 /// One connection to a peer, as the application holds it. Clones share the connection and
 /// compare equal.
+///
+/// When the last handle to a connection is gone (every `Tunnel` clone and every [`Stream`]),
+/// the driver closes it with [`Tunnel::CLOSE_DROPPED`]: nobody is left to use it.
 #[derive(Debug, Clone)]
 pub struct Tunnel {
     link: Arc<Link>,
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        // The I/O task closes the connection if this was the last handle.
+        self.link.touch();
+    }
 }
 
 impl PartialEq for Tunnel {
@@ -253,6 +263,12 @@ impl PartialEq for Tunnel {
 impl Eq for Tunnel {}
 
 impl Tunnel {
+    /// The close code of a connection whose handles were all dropped.
+    pub const CLOSE_DROPPED: u64 = 0;
+
+    /// The reason sent with [`Self::CLOSE_DROPPED`].
+    pub const CLOSE_DROPPED_REASON: &[u8] = b"dropped";
+
     pub fn peer(&self) -> PublicKey {
         self.link.peer
     }
@@ -837,6 +853,12 @@ impl Io {
                 continue;
             }
             entry.received = false;
+            // Only this task holds it: no handle is left to use the connection.
+            if Arc::strong_count(&entry.link) == 1 {
+                let reason = Tunnel::CLOSE_DROPPED_REASON;
+                let mut state = entry.link.lock();
+                state.connection.close(now, Tunnel::CLOSE_DROPPED, reason);
+            }
             if due {
                 entry.link.lock().connection.handle_timeout(now);
             }

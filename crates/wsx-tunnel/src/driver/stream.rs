@@ -13,7 +13,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 ///
 /// `poll_shutdown` finishes the sending direction (a TCP FIN); reading returns 0 bytes at
 /// the peer's finish. Dropping a stream before both directions ended resets it with
-/// [`Stream::RESET_DROPPED`], since nobody is left to read or write the rest.
+/// [`Stream::RESET_DROPPED`], since nobody is left to read or write the rest. A stream is a
+/// handle to its connection too: see [`Tunnel`](super::Tunnel) for when a connection closes.
 #[derive(Debug)]
 pub struct Stream {
     link: Arc<Link>,
@@ -196,12 +197,12 @@ impl Drop for Stream {
         let slot = state.streams.remove(&self.id);
         let ended = self.finished && self.eof;
         let reset_by_peer = slot.is_some_and(|s| s.reset.is_some());
-        if ended || reset_by_peer || state.error.is_some() {
-            return;
+        if !(ended || reset_by_peer || state.error.is_some()) {
+            // Already gone if it errs; nothing more to do then.
+            let _ = state.connection.reset(self.id, Self::RESET_DROPPED);
         }
-        // Already gone if it errs; nothing more to do then.
-        let _ = state.connection.reset(self.id, Self::RESET_DROPPED);
         drop(state);
+        // The reset leaves, or the connection closes if this was its last handle.
         self.link.touch();
     }
 }
