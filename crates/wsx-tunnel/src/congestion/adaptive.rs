@@ -18,7 +18,14 @@
 //! **Optimal Congestion Control.** The rate cruises at the bottleneck estimate, and every eight
 //! minimum RTTs it probes for more (one RTT at 1.25×) and drains what the probe queued (one RTT
 //! at 0.75×). The standing queue stays near zero and the probe's queue is at most a quarter of
-//! the bandwidth-delay product.
+//! the bandwidth-delay product. Two probes in a row that each found 15 % more rate mean the
+//! estimate is far below what the path gives (a competing flow left, or a congestion verdict
+//! cut too deep): the controller then searches at Rapid Start's pace again.
+//!
+//! **Minimum RTT.** The smallest RTT sample of the last 10-20 s (two windows), not of the whole
+//! connection: a route change to a longer path would otherwise look like a queue that never
+//! drains, and every loss like congestion. The probe cycle's drain phase empties the
+//! controller's own queue every eight rounds, so the true minimum is sampled within any window.
 //!
 //! **Losses.** Both phases hand every loss to the loss-pattern classifier (`loss_pattern.rs`).
 //! Random losses change nothing: the delivery rate already reflects them, so the controller
@@ -60,6 +67,18 @@ const RATE_WINDOW_ROUNDS: u64 = 10;
 const MIN_INFLATION: Duration = Duration::from_millis(4);
 /// Packets of window always allowed, so that ACKs keep flowing at very low rates.
 const MIN_WINDOW_PACKETS: u64 = 4;
+/// Optimal cycles in a row whose probe raised the bottleneck estimate by [`PROBE_GROWTH`]
+/// after which the controller goes back to Rapid Start: the path has far more room than the
+/// estimate (a competing flow left, or a congestion verdict cut the rate too far), and probing
+/// at 1.25× per eight rounds would take dozens of round trips to find it.
+const GROWING_CYCLES: u32 = 2;
+/// A probe at 1.25× into a full pipe only queues (no growth); into free room it delivers
+/// about 25 % more. 15 % tells the two apart with room for noise.
+const PROBE_GROWTH: u64 = 1150;
+/// How long a minimum RTT stands unless it is seen again. The Optimal cycle empties its own
+/// queue every eight rounds, so the path's true minimum is sampled many times per window; a
+/// path that got longer (a route change) is believed after one to two windows.
+const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
 
 /// Settings of the [`Adaptive`] controller.
 #[derive(Debug, Clone)]
@@ -96,7 +115,11 @@ pub struct Adaptive {
     max_datagram: u64,
     phase: Phase,
     bottleneck: WindowedMax,
+    /// The minimum RTT over the last one to two [`MIN_RTT_WINDOW`]s.
     min_rtt: Duration,
+    /// The smallest RTT sample of the current window, and when that window began.
+    window_min_rtt: Duration,
+    window_start: Instant,
     /// Round-trip counting: a round ends when a packet sent after it began is acknowledged.
     round: u64,
     next_round_delivered: u64,
@@ -109,6 +132,9 @@ pub struct Adaptive {
     full_rate_rounds: u32,
     cycle_index: usize,
     cycle_start: Instant,
+    /// The bottleneck estimate when the last probe began, and how many cycles in a row it grew.
+    probe_base: u64,
+    growing_cycles: u32,
     initial_rate: u64,
     initial_window: u64,
     pacing_rate: u64,
@@ -134,6 +160,8 @@ impl Adaptive {
             phase: Phase::RapidStart,
             bottleneck: WindowedMax::default(),
             min_rtt,
+            window_min_rtt: min_rtt,
+            window_start: now,
             round: 0,
             next_round_delivered: 0,
             latest_rate: 0,
@@ -142,6 +170,8 @@ impl Adaptive {
             full_rate_rounds: 0,
             cycle_index: 2,
             cycle_start: now,
+            probe_base: 0,
+            growing_cycles: 0,
             initial_rate,
             initial_window,
             pacing_rate: scale(initial_rate, RAPID_START_GAIN),
@@ -235,8 +265,39 @@ impl Adaptive {
                 if elapsed >= self.min_rtt || drained {
                     self.cycle_index = (self.cycle_index + 1) % CYCLE.len();
                     self.cycle_start = now;
+                    if self.cycle_index == 0 {
+                        self.on_probe_start();
+                    }
                 }
             }
+        }
+    }
+
+    /// A new Optimal cycle begins with a probe: if the last ones kept finding more rate,
+    /// search for the rate at Rapid Start's pace instead.
+    fn on_probe_start(&mut self) {
+        let rate = self.bottleneck.get();
+        let grew = self.probe_base > 0 && rate >= scale(self.probe_base, PROBE_GROWTH);
+        self.growing_cycles = if grew { self.growing_cycles + 1 } else { 0 };
+        self.probe_base = rate;
+        if self.growing_cycles >= GROWING_CYCLES {
+            tracing::debug!(rate, "probes keep finding more rate; back to rapid start");
+            self.growing_cycles = 0;
+            self.phase = Phase::RapidStart;
+            self.full_rate = rate;
+            self.full_rate_rounds = 0;
+        }
+    }
+
+    /// Takes an RTT sample into the windowed minimum: a smaller sample counts at once; at
+    /// the end of each window the minimum becomes that window's, forgetting older ones.
+    fn update_min_rtt(&mut self, now: Instant, sample: Duration) {
+        self.min_rtt = self.min_rtt.min(sample);
+        self.window_min_rtt = self.window_min_rtt.min(sample);
+        if now.saturating_duration_since(self.window_start) >= MIN_RTT_WINDOW {
+            self.min_rtt = self.window_min_rtt;
+            self.window_min_rtt = sample;
+            self.window_start = now;
         }
     }
 
@@ -258,7 +319,9 @@ impl Controller for Adaptive {
 
     fn on_ack(&mut self, now: Instant, ack: &AckEvent<'_>) {
         self.in_flight = ack.in_flight;
-        self.min_rtt = self.min_rtt.min(ack.rtt.min());
+        if let Some(sample) = ack.rtt_sample {
+            self.update_min_rtt(now, sample);
+        }
         self.pattern.on_ack(ack.acked_packets, ack.rtt_sample);
         if ack.prior_delivered >= self.next_round_delivered {
             self.round += 1;
@@ -341,6 +404,7 @@ impl Controller for Adaptive {
             window: self.window,
             pacing_rate: self.pacing_rate,
             bottleneck_rate: self.bottleneck.get(),
+            min_rtt: self.min_rtt,
             congestion_events: self.congestion_events,
             random_losses: self.random_losses,
             losses: self.losses,
@@ -386,5 +450,37 @@ impl WindowedMax {
             .map(|&(_, value)| value)
             .max()
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_minimum_rtt_forgets_samples_older_than_two_windows() {
+        let start = crate::test_epoch();
+        let params = PathParams {
+            max_datagram: 1400,
+            initial_rtt: 50 * MS,
+            peer_ack_delay: 25 * MS,
+            hint: None,
+        };
+        let mut c = Adaptive::new(&AdaptiveConfig::default(), start, &params);
+        let second = Duration::from_secs(1);
+        // 50 ms for 5 s, then the route gets longer: 150 ms.
+        for t in 0..5 {
+            c.update_min_rtt(start + t * second, 50 * MS);
+        }
+        for t in 5..40 {
+            c.update_min_rtt(start + t * second, 150 * MS);
+            let expected = if t < 20 { 50 * MS } else { 150 * MS };
+            assert_eq!(c.min_rtt, expected, "{t} s");
+        }
+        // A shorter path counts at once.
+        c.update_min_rtt(start + 40 * second, 30 * MS);
+        assert_eq!(c.min_rtt, 30 * MS);
     }
 }

@@ -112,6 +112,8 @@ pub struct ControllerState {
     pub pacing_rate: u64,
     /// Estimated bottleneck rate, bytes per second (0 when the controller does not estimate it).
     pub bottleneck_rate: u64,
+    /// The minimum RTT the controller works with (zero when it keeps none).
+    pub min_rtt: Duration,
     /// Loss episodes judged to be congestion, each of which lowered the rate.
     pub congestion_events: u64,
     /// Lost packets judged random, which did not.

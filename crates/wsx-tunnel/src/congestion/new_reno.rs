@@ -6,7 +6,7 @@ use super::{
     AckEvent, Controller, ControllerFactory, ControllerState, LossEvent, LossVerdict, PathHint,
     PathParams, rate_of, scale,
 };
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Settings of the [`NewReno`] controller.
 #[derive(Debug, Clone)]
@@ -125,6 +125,7 @@ impl Controller for NewReno {
             window: self.window,
             pacing_rate: self.pacing_rate(),
             bottleneck_rate: 0,
+            min_rtt: Duration::ZERO,
             congestion_events: self.congestion_events,
             random_losses: self.random_losses,
             losses: self.losses,

@@ -155,6 +155,12 @@ impl Pair {
         self.links[direction].set_rate(rate);
     }
 
+    /// Changes a link's one-way delay (a route change); datagrams already on the link keep
+    /// theirs.
+    pub fn set_delay(&mut self, direction: usize, delay: Duration) {
+        self.links[direction].config.delay = delay;
+    }
+
     /// Puts a datagram on a link as if side `from` had sent it (for tests that forge or
     /// replay packets).
     pub fn inject(&mut self, from: usize, datagram: &[u8]) {
