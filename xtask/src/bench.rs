@@ -217,6 +217,12 @@ pub(crate) struct Record {
     /// Packets the emulated link dropped, both directions (random + burst + queue).
     pub(crate) emu_drops: u64,
     pub(crate) emu_drops_fwd: DropBreakdown,
+    /// Median and 95th percentile of the time packets in the data direction waited in the
+    /// bottleneck queue, ms (upper edges of the emulator's half-octave buckets).
+    #[serde(default)]
+    pub(crate) queue_p50_ms: Option<f64>,
+    #[serde(default)]
+    pub(crate) queue_p95_ms: Option<f64>,
     /// Packets the emulator itself failed to carry; non-zero invalidates the case.
     pub(crate) emu_faults: u64,
     pub(crate) cpu_s: CpuSeconds,
@@ -288,6 +294,14 @@ pub(crate) struct TunnelFigures {
     pub(crate) acks_per_data: f64,
     pub(crate) packets_lost: u64,
     pub(crate) min_rtt_ms: f64,
+    /// The sender's smoothed RTT and its controller's bottleneck estimate (UDP payload) and
+    /// congestion reactions, at the end.
+    #[serde(default)]
+    pub(crate) smoothed_rtt_ms: f64,
+    #[serde(default)]
+    pub(crate) bottleneck_mbit: f64,
+    #[serde(default)]
+    pub(crate) congestion_events: u64,
 }
 
 impl TunnelFigures {
@@ -304,6 +318,9 @@ impl TunnelFigures {
             acks_per_data: per(received.ack_only_sent, sent.eliciting_sent),
             packets_lost: sent.packets_lost,
             min_rtt_ms: sent.min_rtt_ms,
+            smoothed_rtt_ms: sent.smoothed_rtt_ms,
+            bottleneck_mbit: sent.bottleneck_mbit,
+            congestion_events: sent.congestion_events,
         }
     }
 }
@@ -676,6 +693,8 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             burst: fwd.drop_burst,
             queue: fwd.drop_queue,
         },
+        queue_p50_ms: fwd.queue_delay_quantile(0.5).map(|ns| ns as f64 / 1e6),
+        queue_p95_ms: fwd.queue_delay_quantile(0.95).map(|ns| ns as f64 / 1e6),
         emu_faults: fwd.emulator_faults + rev.emulator_faults,
         cpu_s: CpuSeconds {
             emulator: after.cpu_s() - before.cpu_s(),
@@ -763,7 +782,7 @@ pub(crate) fn jain(xs: &[f64]) -> f64 {
 impl Record {
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}{}",
+            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, queue p95 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}{}",
             self.mode.label(),
             self.rtt_ms,
             self.loss_pct,
@@ -772,6 +791,7 @@ impl Record {
             self.utilization * 100.0,
             self.steady_utilization * 100.0,
             self.t90_ms.map_or("never".into(), |t| format!("{t} ms")),
+            self.queue_p95_ms.map_or("-".into(), |q| format!("{q:.1} ms")),
             self.rev_per_fwd,
             self.cpu_s.emulator,
             match (self.cpu_s.gw_a, self.cpu_s.gw_b, &self.tunnel) {
@@ -787,12 +807,16 @@ impl Record {
                 g.wire_per_plain
             )),
             self.tunnel.as_ref().map_or(String::new(), |t| format!(
-                ", tunnel cpu {:.2}/{:.2} s/GB, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}",
+                ", tunnel cpu {:.2}/{:.2} s/GB, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}, rtt min/smoothed {:.1}/{:.1} ms, bottleneck estimate {:.1} Mbit/s, {} congestion events",
                 t.send_cpu_s_per_gb,
                 t.recv_cpu_s_per_gb,
                 t.datagrams_per_send,
                 t.datagrams_per_receive,
-                t.acks_per_data
+                t.acks_per_data,
+                t.min_rtt_ms,
+                t.smoothed_rtt_ms,
+                t.bottleneck_mbit,
+                t.congestion_events
             )),
             match (self.verified, self.emu_faults) {
                 (false, _) => "  NOT VERIFIED".to_string(),
@@ -805,13 +829,13 @@ impl Record {
 
 pub(crate) fn markdown_table(records: &[Record]) -> String {
     let mut s = String::from(
-        "| mode | cc | RTT ms | loss % | rate Mbit/s | flows | goodput Mbit/s | util % | steady util % | t90 ms | Jain | rev/fwd pkts | emu drops | CPU s emu / endpoints | verified |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| mode | cc | RTT ms | loss % | rate Mbit/s | flows | goodput Mbit/s | util % | steady util % | t90 ms | queue p50 / p95 ms | Jain | rev/fwd pkts | emu drops | CPU s emu / endpoints | verified |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in records {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {} | {:.3} | {:.3} | {} | {:.2} / {:.2} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {} | {} | {:.3} | {:.3} | {} | {:.2} / {:.2} | {} |",
             r.mode.label(),
             r.cc.as_deref().unwrap_or("-"),
             r.rtt_ms,
@@ -822,6 +846,10 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
             r.utilization * 100.0,
             r.steady_utilization * 100.0,
             r.t90_ms.map_or("-".into(), |t| t.to_string()),
+            match (r.queue_p50_ms, r.queue_p95_ms) {
+                (Some(p50), Some(p95)) => format!("{p50:.1} / {p95:.1}"),
+                _ => "-".into(),
+            },
             r.jain,
             r.rev_per_fwd,
             r.emu_drops,

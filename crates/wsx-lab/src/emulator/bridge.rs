@@ -216,8 +216,10 @@ impl Forwarder {
                         at_ns,
                         duplicate,
                         reordered,
+                        queued_ns,
                     } => {
                         counters.add(Counter::Reordered, u64::from(reordered));
+                        counters.add_queue_delay(queued_ns);
                         self.hold(dir, at_ns, slot, len);
                         if duplicate {
                             match self.pool.take() {
@@ -366,22 +368,22 @@ fn answer_one(
     Ok(match request {
         Request::Stats => {
             let usage = sys::process_usage();
-            Response::Stats(EmulatorStats {
+            Response::Stats(Box::new(EmulatorStats {
                 a_to_b: shared.counters[0].snapshot(),
                 b_to_a: shared.counters[1].snapshot(),
                 cpu_user_s: usage.user_s,
                 cpu_sys_s: usage.sys_s,
                 max_rss_kb: usage.max_rss_kb,
                 buffers: shared.buffers.load(Ordering::Relaxed),
-            })
+            }))
         }
-        Request::Config => Response::Config(
+        Request::Config => Response::Config(Box::new(
             shared
                 .config
                 .lock()
                 .map_err(|_| anyhow::anyhow!("poisoned"))?
                 .clone(),
-        ),
+        )),
         Request::Set { direction, params } => {
             if let Err(message) = params.validate() {
                 return Ok(Response::Error { message });

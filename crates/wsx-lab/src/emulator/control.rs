@@ -64,8 +64,9 @@ pub(crate) enum Request {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub(crate) enum Response {
-    Stats(EmulatorStats),
-    Config(EmulatorConfig),
+    // Boxed: the answers are sent once per request, and the enum stays small.
+    Stats(Box<EmulatorStats>),
+    Config(Box<EmulatorConfig>),
     Done,
     Error { message: String },
 }
@@ -92,7 +93,7 @@ impl EmulatorHandle {
     /// The emulator's counters now.
     pub fn stats(&self) -> Result<EmulatorStats> {
         match self.request(&Request::Stats)? {
-            Response::Stats(stats) => Ok(stats),
+            Response::Stats(stats) => Ok(*stats),
             other => bail!("unexpected answer to stats: {other:?}"),
         }
     }
@@ -100,7 +101,7 @@ impl EmulatorHandle {
     /// The link parameters in force.
     pub fn config(&self) -> Result<EmulatorConfig> {
         match self.request(&Request::Config)? {
-            Response::Config(config) => Ok(config),
+            Response::Config(config) => Ok(*config),
             other => bail!("unexpected answer to config: {other:?}"),
         }
     }

@@ -24,6 +24,8 @@ pub enum Verdict {
         duplicate: bool,
         /// The packet was held back so that later packets overtake it.
         reordered: bool,
+        /// How long it waited in the bottleneck queue before its own serialisation began.
+        queued_ns: u64,
     },
 }
 
@@ -147,6 +149,7 @@ impl Link {
         }
 
         let mut departure = now_ns;
+        let mut queued_ns = 0;
         let rate = self.params.rate_kbit;
         if rate > 0 {
             if self.backlog_bytes(now_ns) + ip_bytes > self.queue_limit_bytes {
@@ -154,6 +157,7 @@ impl Link {
             }
             // ns = bits * 1e6 / kbit/s, rounded up so the rate is never exceeded.
             let serialise_ns = (u128::from(ip_bytes) * 8_000_000).div_ceil(u128::from(rate)) as u64;
+            queued_ns = self.busy_until_ns.saturating_sub(now_ns);
             self.busy_until_ns = self.busy_until_ns.max(now_ns) + serialise_ns;
             departure = self.busy_until_ns;
         }
@@ -177,6 +181,7 @@ impl Link {
             at_ns: departure,
             duplicate,
             reordered,
+            queued_ns,
         }
     }
 }
@@ -219,6 +224,27 @@ mod tests {
         assert_eq!(departures, (1..=10).map(|i| i * MS).collect::<Vec<_>>());
         // After the queue drains, a packet is serialised from its own arrival.
         assert_eq!(deliver_at(link.handle_packet(20 * MS, 1500)), 21 * MS);
+    }
+
+    #[test]
+    fn a_packet_reports_the_wait_for_those_queued_ahead_of_it() {
+        // 12 Mbit/s: a 1500-byte packet takes exactly 1 ms.
+        let params = LinkParams {
+            rate_kbit: 12_000,
+            queue: QueueLimit::Bytes(1_000_000),
+            ..Default::default()
+        };
+        let mut link = Link::new(params, 1);
+        let queued = |v: Verdict| match v {
+            Verdict::Deliver { queued_ns, .. } => queued_ns,
+            Verdict::Drop(r) => panic!("dropped: {r:?}"),
+        };
+        let waits: Vec<u64> = (0..4)
+            .map(|_| queued(link.handle_packet(0, 1500)))
+            .collect();
+        assert_eq!(waits, [0, MS, 2 * MS, 3 * MS]);
+        assert_eq!(queued(link.handle_packet(MS * 5 / 2, 1500)), MS * 3 / 2);
+        assert_eq!(queued(link.handle_packet(10 * MS, 1500)), 0);
     }
 
     #[test]

@@ -35,6 +35,37 @@ pub struct DirectionStats {
     /// process was not scheduled in time (a busy or shared host). Such packets arrive later than
     /// the configured delay says.
     pub released_late: u64,
+    /// Packets let through, by how long they waited in the bottleneck queue: see
+    /// [`queue_delay_bucket`]. Duplicates are not counted again.
+    #[serde(default)]
+    pub queue_delay: [u64; QUEUE_DELAY_BUCKETS],
+}
+
+/// Buckets of [`DirectionStats::queue_delay`].
+pub const QUEUE_DELAY_BUCKETS: usize = 32;
+
+/// Below this wait a packet found no queue to speak of (a few packets' serialisation at
+/// 100 Mbit/s): bucket 0.
+const QUEUE_DELAY_FLOOR_NS: u64 = 64_000;
+
+/// The histogram bucket of a queueing delay: 0 below 64 µs, then half-octaves, bucket `i`
+/// holding [64 µs·√2^(i-1), 64 µs·√2^i); the last bucket (from 2.1 s) takes everything longer.
+pub fn queue_delay_bucket(ns: u64) -> usize {
+    if ns < QUEUE_DELAY_FLOOR_NS {
+        return 0;
+    }
+    // floor(log2((ns / floor)²)) + 1, in integers.
+    let ratio_squared = u128::from(ns) * u128::from(ns)
+        / (u128::from(QUEUE_DELAY_FLOOR_NS) * u128::from(QUEUE_DELAY_FLOOR_NS));
+    let half_octaves = 127 - ratio_squared.leading_zeros() as usize;
+    (half_octaves + 1).min(QUEUE_DELAY_BUCKETS - 1)
+}
+
+/// The upper edge of a bucket of [`queue_delay_bucket`], nanoseconds (the last bucket's is
+/// its lower edge: it is open-ended).
+pub fn queue_delay_bucket_upper_ns(bucket: usize) -> u64 {
+    let edge = bucket.min(QUEUE_DELAY_BUCKETS - 2) as i32;
+    (QUEUE_DELAY_FLOOR_NS as f64 * std::f64::consts::SQRT_2.powi(edge)).round() as u64
 }
 
 /// How late a release may be before [`DirectionStats::released_late`] counts it: 1 ms.
@@ -61,7 +92,25 @@ impl DirectionStats {
             reordered: self.reordered - earlier.reordered,
             emulator_faults: self.emulator_faults - earlier.emulator_faults,
             released_late: self.released_late - earlier.released_late,
+            queue_delay: std::array::from_fn(|i| self.queue_delay[i] - earlier.queue_delay[i]),
         }
+    }
+
+    /// The queueing delay that a fraction `q` (0 to 1) of the packets let through did not
+    /// exceed, as the upper edge of its histogram bucket (so within a factor √2 above);
+    /// `None` when no packet went through.
+    pub fn queue_delay_quantile(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.queue_delay.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = (q.clamp(0.0, 1.0) * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        let bucket = self.queue_delay.iter().position(|&n| {
+            seen += n;
+            seen >= rank
+        })?;
+        Some(queue_delay_bucket_upper_ns(bucket))
     }
 }
 
@@ -96,6 +145,7 @@ impl EmulatorStats {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     values: [AtomicU64; 12],
+    queue_delay: [AtomicU64; QUEUE_DELAY_BUCKETS],
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -120,6 +170,11 @@ impl Counters {
         slot.store(slot.load(Ordering::Relaxed) + n, Ordering::Relaxed);
     }
 
+    pub(crate) fn add_queue_delay(&self, ns: u64) {
+        let slot = &self.queue_delay[queue_delay_bucket(ns)];
+        slot.store(slot.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> DirectionStats {
         let v = |c: Counter| self.values[c as usize].load(Ordering::Relaxed);
         DirectionStats {
@@ -135,6 +190,51 @@ impl Counters {
             reordered: v(Counter::Reordered),
             emulator_faults: v(Counter::EmulatorFaults),
             released_late: v(Counter::ReleasedLate),
+            queue_delay: std::array::from_fn(|i| self.queue_delay[i].load(Ordering::Relaxed)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_delay_buckets_are_half_octaves_from_64_microseconds() {
+        assert_eq!(queue_delay_bucket(0), 0);
+        assert_eq!(queue_delay_bucket(63_999), 0);
+        assert_eq!(queue_delay_bucket(64_000), 1);
+        assert_eq!(queue_delay_bucket(90_000), 1);
+        assert_eq!(queue_delay_bucket(90_600), 2);
+        assert_eq!(queue_delay_bucket(128_000), 3);
+        assert_eq!(queue_delay_bucket(u64::MAX / 4), QUEUE_DELAY_BUCKETS - 1);
+        for ns in [
+            64_000,
+            100_000,
+            1_000_000,
+            37_000_000,
+            100_000_000,
+            2_000_000_000,
+        ] {
+            let b = queue_delay_bucket(ns);
+            assert!(ns < queue_delay_bucket_upper_ns(b), "{ns} in bucket {b}");
+            assert!(
+                ns >= queue_delay_bucket_upper_ns(b - 1),
+                "{ns} in bucket {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn quantiles_come_from_the_histogram_counts() {
+        let mut stats = DirectionStats::default();
+        assert_eq!(stats.queue_delay_quantile(0.95), None);
+        // 90 packets without a queue, 10 that waited about 50 ms.
+        stats.queue_delay[0] = 90;
+        stats.queue_delay[queue_delay_bucket(50_000_000)] = 10;
+        assert_eq!(stats.queue_delay_quantile(0.5), Some(QUEUE_DELAY_FLOOR_NS));
+        assert_eq!(stats.queue_delay_quantile(0.90), Some(QUEUE_DELAY_FLOOR_NS));
+        let p95 = stats.queue_delay_quantile(0.95).expect("packets");
+        assert!((50_000_000..71_000_000).contains(&p95), "{p95}");
     }
 }

@@ -44,6 +44,12 @@ pub struct TunnelReport {
     pub packets_lost: u64,
     pub min_rtt_ms: f64,
     pub smoothed_rtt_ms: f64,
+    /// The congestion controller's bottleneck estimate at the end, Mbit/s of UDP payload
+    /// (0 for a controller that keeps none), and its congestion reactions.
+    #[serde(default)]
+    pub bottleneck_mbit: f64,
+    #[serde(default)]
+    pub congestion_events: u64,
 }
 
 impl TunnelReport {
@@ -60,6 +66,10 @@ impl TunnelReport {
             packets_lost: connection.packets_lost,
             min_rtt_ms: connection.min_rtt.as_secs_f64() * 1e3,
             smoothed_rtt_ms: connection.smoothed_rtt.as_secs_f64() * 1e3,
+            bottleneck_mbit: connection
+                .congestion
+                .map_or(0.0, |c| c.bottleneck_rate as f64 * 8.0 / 1e6),
+            congestion_events: connection.congestion.map_or(0, |c| c.congestion_events),
         }
     }
 }
