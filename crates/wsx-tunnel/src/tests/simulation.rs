@@ -646,3 +646,34 @@ fn burst_loss_on_an_uncongested_line_costs_little_rate() {
     );
     assert!(u >= 0.88, "utilization {u:.4}: {state:?}");
 }
+
+/// A short dip of the bottleneck (a burst of cross traffic) leaves a queue behind when the
+/// rate estimate, a maximum over ten rounds, outlasts it. The probe cycle's drain phase must
+/// remove it: when it ended after one round, as the probe before it had added a round's
+/// worth, a standing queue stayed for good.
+#[test]
+fn a_queue_left_by_a_short_dip_of_the_bottleneck_drains() {
+    let mut pair = pair(LinkConfig::new(RTT, 100), 12);
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(5));
+    pair.set_rate(0, RATE * 8 / 10);
+    run_for(&mut pair, &mut transfers, 300 * MS);
+    pair.set_rate(0, RATE);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(5));
+    let mut samples = Vec::new();
+    for _ in 0..500 {
+        run_for(&mut pair, &mut transfers, 10 * MS);
+        samples.push(pair.client().rtt().latest());
+    }
+    samples.sort();
+    let queue = samples[samples.len() / 2].saturating_sub(RTT);
+    let state = pair.client().stats().congestion;
+    assert!(
+        queue <= 5 * MS,
+        "median queueing delay {queue:?}: {state:?}"
+    );
+    // And the link stays full.
+    let u = utilization(&transfers, 110, 153, RATE);
+    assert!(u >= 0.93, "utilization {u:.3}: {state:?}");
+}
