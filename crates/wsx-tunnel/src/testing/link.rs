@@ -72,7 +72,9 @@ pub(crate) struct Link {
     busy_until: Option<Instant>,
     bad_state: bool,
     sequence: u64,
-    in_flight: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    /// (arrival, sequence, slot, tag): the tag says which endpoint sent (or is to receive)
+    /// the datagram when several share the link.
+    in_flight: BinaryHeap<Reverse<(Instant, u64, usize, usize)>>,
     /// Datagram storage; slots are reused.
     slots: Vec<Vec<u8>>,
     free: Vec<usize>,
@@ -108,8 +110,8 @@ impl Link {
         }
     }
 
-    /// A datagram enters the link at `now`.
-    pub(crate) fn send(&mut self, now: Instant, data: &[u8]) {
+    /// A datagram enters the link at `now`, tagged with `tag` (see `in_flight`).
+    pub(crate) fn send(&mut self, now: Instant, data: &[u8], tag: usize) {
         self.stats.sent += 1;
         self.stats.sent_bytes += data.len() as u64;
         let size = data.len() as u64;
@@ -162,7 +164,8 @@ impl Link {
                 self.stats.corrupted += 1;
             }
             self.sequence += 1;
-            self.in_flight.push(Reverse((arrive, self.sequence, slot)));
+            self.in_flight
+                .push(Reverse((arrive, self.sequence, slot, tag)));
         }
     }
 
@@ -172,24 +175,22 @@ impl Link {
 
     /// When the next datagram arrives.
     pub(crate) fn next_arrival(&self) -> Option<Instant> {
-        self.in_flight.peek().map(|Reverse((at, _, _))| *at)
+        self.in_flight.peek().map(|Reverse((at, ..))| *at)
     }
 
-    /// Takes the next datagram that has arrived by `now` into `out`.
-    pub(crate) fn receive(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+    /// Takes the next datagram that has arrived by `now` into `out`; returns its tag.
+    pub(crate) fn receive(&mut self, now: Instant, out: &mut Vec<u8>) -> Option<usize> {
         match self.in_flight.peek() {
-            Some(Reverse((at, _, _))) if *at <= now => {}
-            _ => return false,
+            Some(Reverse((at, ..))) if *at <= now => {}
+            _ => return None,
         }
-        let Some(Reverse((_, _, slot))) = self.in_flight.pop() else {
-            return false;
-        };
+        let Reverse((_, _, slot, tag)) = self.in_flight.pop()?;
         out.clear();
         out.extend_from_slice(&self.slots[slot]);
         self.free.push(slot);
         self.stats.delivered += 1;
         self.stats.delivered_bytes += out.len() as u64;
-        true
+        Some(tag)
     }
 
     /// Changes the bottleneck rate from now on.
@@ -211,14 +212,14 @@ mod tests {
         };
         let mut link = Link::new(config, 1);
         for _ in 0..20 {
-            link.send(t0, &[0; 1000]);
+            link.send(t0, &[0; 1000], 0);
         }
         // 10 fit in the queue (the first starts serializing at once), the rest drop.
         assert_eq!(link.stats.dropped_queue, 10);
         let mut out = Vec::new();
         let mut arrivals = Vec::new();
         while let Some(now) = link.next_arrival() {
-            while link.receive(now, &mut out) {
+            while link.receive(now, &mut out).is_some() {
                 arrivals.push(now - t0);
             }
         }
@@ -239,7 +240,7 @@ mod tests {
             7,
         );
         for _ in 0..20_000 {
-            link.send(t0, &[1; 100]);
+            link.send(t0, &[1; 100], 0);
         }
         // Binomial(20000, 0.05): mean 1000, sd 31.
         assert!(

@@ -1,5 +1,6 @@
 //! A deterministic simulation of two endpoints joined by two simulated links, in virtual
-//! time (the shape of quinn-proto's `tests/util.rs` `Pair`).
+//! time (the shape of quinn-proto's `tests/util.rs` `Pair`). More clients can join
+//! ([`Pair::add_client`]); they share the links, and so the bottleneck, to the server.
 //!
 //! [`Pair::step`] delivers what is due, lets every connection transmit, and jumps the clock to
 //! the next arrival or timer, so a 100-second transfer over a 400 ms path runs in however long
@@ -14,8 +15,8 @@ mod link;
 pub use link::{LinkConfig, LinkStats};
 
 use crate::{
-    Connection, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, Event, SecretKey,
-    StreamError, StreamId, StreamMeta, TransportConfig,
+    Connection, ConnectionHandle, DatagramEvent, Endpoint, EndpointConfig, Event, PublicKey,
+    SecretKey, StreamError, StreamId, StreamMeta, TransportConfig,
 };
 use link::Link;
 use std::collections::{BTreeMap, HashMap};
@@ -44,15 +45,39 @@ impl Side {
 }
 
 /// Two endpoints, `client` (index 0) and `server` (index 1), and the links between them:
-/// `links[0]` carries client→server, `links[1]` server→client.
+/// `links[0]` carries client→server, `links[1]` server→client. Clients added later (index 2
+/// on) share both links.
 #[derive(Debug)]
 pub struct Pair {
     pub now: Instant,
     pub epoch: Instant,
-    pub sides: [Side; 2],
+    pub sides: Vec<Side>,
     links: [Link; 2],
     buf: Vec<u8>,
     datagram: Vec<u8>,
+    seed: u64,
+    transport: TransportConfig,
+}
+
+/// The server's index in [`Pair::sides`].
+const SERVER: usize = 1;
+
+/// An endpoint that accepts `peer`, at `addr`.
+fn side(
+    key: SecretKey,
+    peer: PublicKey,
+    addr: SocketAddr,
+    seed: u64,
+    transport: &TransportConfig,
+) -> Side {
+    let mut config = EndpointConfig::new(key, vec![peer], seed);
+    config.transport = transport.clone();
+    Side {
+        endpoint: Endpoint::new(config),
+        addr,
+        connections: BTreeMap::new(),
+        events: Vec::new(),
+    }
 }
 
 /// Transport settings used by [`Pair::new`] unless a test changes them.
@@ -83,55 +108,101 @@ impl Pair {
             "[fd00::2]:4000".parse().expect("literal address"),
         ];
         let side = |i: usize| {
-            let mut config =
-                EndpointConfig::new(keys[i].clone(), vec![publics[1 - i]], seed + i as u64);
-            config.transport = transport.clone();
-            Side {
-                endpoint: Endpoint::new(config),
-                addr: addrs[i],
-                connections: BTreeMap::new(),
-                events: Vec::new(),
-            }
+            side(
+                keys[i].clone(),
+                publics[1 - i],
+                addrs[i],
+                seed + i as u64,
+                &transport,
+            )
         };
         let max = usize::from(transport.max_datagram) * transport.max_burst_packets;
         Self {
             now: epoch,
             epoch,
-            sides: [side(0), side(1)],
+            sides: vec![side(0), side(1)],
             links: [
                 Link::new(forward, seed ^ 0x5eed),
                 Link::new(reverse, seed ^ 0xfeed),
             ],
             buf: vec![0; max],
             datagram: Vec::with_capacity(65_536),
+            seed,
+            transport,
         }
+    }
+
+    /// Adds a client with a key of its own, which the server accepts; it shares the links
+    /// with the others. Returns its index in `sides`; connect it with [`Self::connect_client`].
+    pub fn add_client(&mut self) -> usize {
+        let index = self.sides.len();
+        let key = SecretKey::from_bytes([u8::try_from(index + 1).expect("a few clients"); 32]);
+        let addr = SocketAddr::from((
+            [
+                0xfd00,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+                u16::try_from(index + 1).expect("a few clients"),
+            ],
+            4000,
+        ));
+        let server = self.sides[SERVER].endpoint.public_key();
+        let seed = self.seed + index as u64;
+        self.sides
+            .push(side(key, server, addr, seed, &self.transport));
+        let clients = self.sides.iter().enumerate().filter(|&(i, _)| i != SERVER);
+        let peers = clients.map(|(_, s)| s.endpoint.public_key()).collect();
+        self.sides[SERVER].endpoint.set_peers(peers);
+        index
     }
 
     /// Connects the client to the server and runs until both sides are established. A
     /// handshake that gives up (every attempt lost, as a long loss burst can do) is started
     /// again, as a gateway would.
     pub fn connect(&mut self) {
+        self.connect_client(0);
+    }
+
+    /// [`Self::connect`] for the client at `index`. Returns the server's handle of the
+    /// connection.
+    pub fn connect_client(&mut self, index: usize) -> ConnectionHandle {
         let deadline = self.now + Duration::from_secs(600);
-        while !self.is_established() {
-            if self.sides[0].connections.is_empty() {
+        loop {
+            if let Some(handle) = self.established(index) {
+                return handle;
+            }
+            if self.sides[index].connections.is_empty() {
                 let unix = Duration::from_secs(1_800_000_000) + (self.now - self.epoch);
-                let server = self.sides[1].addr;
-                let peer = self.sides[1].endpoint.public_key();
-                let (handle, connection) = self.sides[0]
+                let server = self.sides[SERVER].addr;
+                let peer = self.sides[SERVER].endpoint.public_key();
+                let (handle, connection) = self.sides[index]
                     .endpoint
                     .connect(self.now, unix, server, peer)
                     .expect("the server is a configured peer");
-                self.sides[0].connections.insert(handle, connection);
+                self.sides[index].connections.insert(handle, connection);
             }
             assert!(self.step(), "the simulation went idle before connecting");
             assert!(self.now < deadline, "no connection within ten minutes");
         }
     }
 
-    fn is_established(&self) -> bool {
-        self.sides
-            .iter()
-            .all(|s| s.connections.values().any(Connection::is_established))
+    /// The server's handle of its connection with client `index`, once both ends are
+    /// established.
+    fn established(&self, index: usize) -> Option<ConnectionHandle> {
+        let client = &self.sides[index];
+        if !client.connections.values().any(Connection::is_established) {
+            return None;
+        }
+        let key = client.endpoint.public_key();
+        let server = &self.sides[SERVER].connections;
+        let mut found = server.iter().filter(|(_, c)| c.peer_key() == key);
+        found
+            .find(|(_, c)| c.is_established())
+            .map(|(&handle, _)| handle)
     }
 
     pub fn client(&mut self) -> &mut Connection {
@@ -164,7 +235,8 @@ impl Pair {
     /// Puts a datagram on a link as if side `from` had sent it (for tests that forge or
     /// replay packets).
     pub fn inject(&mut self, from: usize, datagram: &[u8]) {
-        self.links[from].send(self.now, datagram);
+        let (link, tag) = if from == SERVER { (1, 0) } else { (0, from) };
+        self.links[link].send(self.now, datagram, tag);
     }
 
     /// Delivers what is due now, then lets everything transmit, then advances the clock to the
@@ -178,14 +250,19 @@ impl Pair {
         // Timers and deliveries due now, then transmits, until nothing more happens now.
         for _ in 0..10_000 {
             let mut progress = self.fire_timers();
-            for to in 0..2 {
-                while self.links[1 - to].receive(self.now, &mut self.datagram) {
-                    tap(to, &self.datagram);
-                    self.deliver(to);
-                    progress = true;
-                }
+            // To the clients (a datagram's tag is its client), then to the server (the tag
+            // is the client that sent it).
+            while let Some(client) = self.links[1].receive(self.now, &mut self.datagram) {
+                tap(client, &self.datagram);
+                self.deliver(SERVER, client);
+                progress = true;
             }
-            for from in 0..2 {
+            while let Some(client) = self.links[0].receive(self.now, &mut self.datagram) {
+                tap(SERVER, &self.datagram);
+                self.deliver(client, SERVER);
+                progress = true;
+            }
+            for from in 0..self.sides.len() {
                 progress |= self.transmit(from);
             }
             self.collect_events();
@@ -216,8 +293,10 @@ impl Pair {
         fired
     }
 
-    fn deliver(&mut self, to: usize) {
-        let from = self.sides[1 - to].addr;
+    fn deliver(&mut self, from: usize, to: usize) {
+        let Some(from) = self.sides.get(from).map(|s| s.addr) else {
+            return;
+        };
         let side = &mut self.sides[to];
         let Some(event) = side.endpoint.handle(self.now, from, &self.datagram) else {
             return;
@@ -247,11 +326,24 @@ impl Pair {
     fn transmit(&mut self, from: usize) -> bool {
         let mut sent = false;
         let now = self.now;
-        for connection in self.sides[from].connections.values_mut() {
-            while let Some(t) = connection.poll_transmit(now, &mut self.buf) {
+        let (sides, links, buf) = (&mut self.sides, &mut self.links, &mut self.buf);
+        let (before, rest) = sides.split_at_mut(from);
+        let (side, after) = rest.split_first_mut().expect("from is a side");
+        for connection in side.connections.values_mut() {
+            while let Some(t) = connection.poll_transmit(now, buf) {
+                // The server's datagrams are tagged with the client they go to.
+                let (link, tag) = if from == SERVER {
+                    let mut clients = before.iter().chain(after.iter());
+                    let to = clients.position(|s| s.addr == t.destination);
+                    (1, to.map(|i| if i < from { i } else { i + 1 }))
+                } else {
+                    (0, Some(from))
+                };
                 let segment = t.segment_size.unwrap_or(t.size);
-                for datagram in self.buf[..t.size].chunks(segment) {
-                    self.links[from].send(now, datagram);
+                if let Some(tag) = tag {
+                    for datagram in buf[..t.size].chunks(segment) {
+                        links[link].send(now, datagram, tag);
+                    }
                 }
                 sent = true;
             }
@@ -304,6 +396,34 @@ impl Pair {
     }
 }
 
+/// Side `side`'s connection `handle`, or its only one.
+fn end(pair: &mut Pair, side: usize, handle: Option<ConnectionHandle>) -> &mut Connection {
+    let side = &mut pair.sides[side];
+    match handle {
+        Some(h) => side
+            .connections
+            .get_mut(&h)
+            .expect("the connection is open"),
+        None => side.connection(),
+    }
+}
+
+/// Takes side `side`'s events of connection `handle` (all of them for `None`), leaving the
+/// other connections' events for their own transfers.
+fn take_events(
+    pair: &mut Pair,
+    side: usize,
+    handle: Option<ConnectionHandle>,
+) -> Vec<(ConnectionHandle, Event)> {
+    let events = std::mem::take(&mut pair.sides[side].events);
+    let Some(handle) = handle else {
+        return events;
+    };
+    let (mine, others) = events.into_iter().partition(|(h, _)| *h == handle);
+    pair.sides[side].events = others;
+    mine
+}
+
 /// The byte at `offset` of the generated content of stream number `n`.
 fn content(n: u64, offset: u64) -> u8 {
     // A cheap mix of stream and offset: every byte depends on both, so misplaced or
@@ -333,10 +453,15 @@ pub struct Transfer {
     pub completed_at: Option<Instant>,
 }
 
-/// Bulk transfers from side `from` to side `1 - from`, over streams of one connection each.
+/// Bulk transfers from side `from` to side `to`, over streams of one connection.
 #[derive(Debug)]
 pub struct Transfers {
     pub from: usize,
+    pub to: usize,
+    /// The connection at each end, when a side has several (see [`Transfers::between`]);
+    /// `None`: the side's only one.
+    local: Option<ConnectionHandle>,
+    remote: Option<ConnectionHandle>,
     pub by_id: HashMap<StreamId, Transfer>,
     /// Receiver-side id → sender-side id (the same number; ids are shared by both sides).
     pub order: Vec<StreamId>,
@@ -349,9 +474,29 @@ pub struct Transfers {
 }
 
 impl Transfers {
+    /// Transfers from `from` to the other end of a two-sided pair (0 or 1).
     pub fn new(from: usize) -> Self {
+        Self::with_ends(from, 1 - from, None, None)
+    }
+
+    /// Transfers from the client at `client` to the server, whose end of that client's
+    /// connection is `server_connection` (from [`Pair::connect_client`]).
+    pub fn between(pair: &Pair, client: usize, server_connection: ConnectionHandle) -> Self {
+        let local = pair.sides[client].connections.keys().next().copied();
+        Self::with_ends(client, SERVER, local, Some(server_connection))
+    }
+
+    fn with_ends(
+        from: usize,
+        to: usize,
+        local: Option<ConnectionHandle>,
+        remote: Option<ConnectionHandle>,
+    ) -> Self {
         Self {
             from,
+            to,
+            local,
+            remote,
             by_id: HashMap::new(),
             order: Vec::new(),
             delivered: Vec::new(),
@@ -372,8 +517,7 @@ impl Transfers {
             scenario: n as u32,
             ..StreamMeta::default()
         };
-        let id = pair.sides[self.from]
-            .connection()
+        let id = end(pair, self.from, self.local)
             .open_stream(meta)
             .expect("a stream can be opened");
         self.order.push(id);
@@ -401,7 +545,7 @@ impl Transfers {
         let Some(t) = self.by_id.get_mut(&id) else {
             return;
         };
-        let connection = pair.sides[self.from].connection();
+        let connection = end(pair, self.from, self.local);
         while t.written < t.total {
             let len = ((t.total - t.written) as usize).min(self.write_buf.len());
             for (i, b) in self.write_buf[..len].iter_mut().enumerate() {
@@ -430,24 +574,23 @@ impl Transfers {
     /// Handles the events both sides raised: writes more where there is room, reads and
     /// verifies what arrived.
     pub fn pump(&mut self, pair: &mut Pair) {
-        let sender_events = std::mem::take(&mut pair.sides[self.from].events);
+        let sender_events = take_events(pair, self.from, self.local);
         for (_, event) in sender_events {
             match event {
                 Event::StreamWritable(id) => self.write(pair, id),
                 // The receiver finished its direction: read the (empty) end so the stream
                 // closes on this side too.
                 Event::StreamReadable(id) if self.by_id.contains_key(&id) => {
-                    let connection = pair.sides[self.from].connection();
-                    let mut end = [0u8; 1];
-                    if let Ok(Some(n)) = connection.read(id, &mut end) {
+                    let connection = end(pair, self.from, self.local);
+                    let mut rest = [0u8; 1];
+                    if let Ok(Some(n)) = connection.read(id, &mut rest) {
                         panic!("{n} unexpected bytes on the reverse direction of stream {id}");
                     }
                 }
                 _ => {}
             }
         }
-        let to = 1 - self.from;
-        let receiver_events = std::mem::take(&mut pair.sides[to].events);
+        let receiver_events = take_events(pair, self.to, self.remote);
         for (_, event) in receiver_events {
             match event {
                 Event::StreamOpened(id) | Event::StreamReadable(id)
@@ -467,12 +610,11 @@ impl Transfers {
 
     fn read(&mut self, pair: &mut Pair, id: StreamId) {
         let now = pair.now;
-        let to = 1 - self.from;
         let Some(t) = self.by_id.get_mut(&id) else {
             panic!("data on unknown stream {id}");
         };
         t.remote_id = Some(id);
-        let connection = pair.sides[to].connection();
+        let connection = end(pair, self.to, self.remote);
         loop {
             match connection.read(id, &mut self.read_buf) {
                 Ok(Some(n)) => {
