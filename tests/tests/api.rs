@@ -227,6 +227,8 @@ fn the_cli_sees_live_sessions_and_kills_one_and_metrics_move_with_traffic() {
     });
     assert!(metric(&after, "wsx_sessions_ended_total{outcome=\"killed\"}") >= 1.0);
     assert!(metric(&after, "wsx_sessions_opened_total{route=\"tunnel\"}") >= 3.0);
+    let intercepted = "wsx_sessions_entered_total{entry=\"intercepted\",listener=\"\"}";
+    assert!(metric(&after, intercepted) >= 3.0);
     assert_eq!(metric(&after, "wsx_peer_up{peer=\"gw-b\"}"), 1.0);
     assert!(metric(&after, "wsx_tunnel_packets_sent_total{peer=\"gw-b\"}") > 1000.0);
     assert!(metric(&after, "wsx_tunnel_rtt_seconds{peer=\"gw-b\"}") > 0.03);

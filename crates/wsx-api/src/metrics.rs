@@ -12,6 +12,7 @@
 //! | `wsx_uptime_seconds` | | since the gateway started |
 //! | `wsx_sessions` | `route` | live sessions |
 //! | `wsx_sessions_opened_total` | `route` | |
+//! | `wsx_sessions_entered_total` | `entry`, `listener` | opened, by entry point: `intercepted`, `forward`, `socks` (with the listener's name), `tunnel` |
 //! | `wsx_sessions_ended_total` | `outcome` | `completed`, `failed`, `idle`, `killed`, `shutdown` |
 //! | `wsx_sessions_refused_total` | `reason` | `limit`, `peer_down`, `connect_failed` |
 //! | `wsx_session_bytes_total` | `peer`, `route`, `direction` | read from clients / servers |
@@ -155,6 +156,18 @@ impl Collector for GatewayCollector {
                     .find(|(route, _)| *route == r)
                     .map_or(0, |(_, n)| *n);
                 counter(vec![("route", r.as_str().to_owned())], n)
+            }),
+        )?;
+        family(
+            &mut e,
+            "wsx_sessions_entered",
+            "Sessions opened, by entry point",
+            totals.opened_by_entry.iter().map(|(entry, n)| {
+                let labels = vec![
+                    ("entry", entry.kind().to_owned()),
+                    ("listener", entry.listener().unwrap_or_default().to_owned()),
+                ];
+                counter(labels, *n)
             }),
         )?;
         family(

@@ -6,6 +6,7 @@
 //! tunnel is replaced; counters that belong to the gateway run from its start.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 use wsx_proxy::{CompressionStats, GatewayTotals, PeerStatus, Route, SessionInfo, SessionState};
 use wsx_tunnel::{ConnectionStats, FecStats};
@@ -48,6 +49,9 @@ pub struct SessionCounts {
 pub struct Totals {
     /// Sessions opened, by route.
     pub sessions_opened: SessionCounts,
+    /// Sessions opened, by entry point: `intercepted`, `forward:NAME`, `socks:NAME` (each
+    /// listener) and `tunnel` (opened by a peer); only those that have had one.
+    pub sessions_by_entry: BTreeMap<String, u64>,
     /// Sessions that ended: both directions finished.
     pub sessions_completed: u64,
     /// Sessions reset: a side failed, idle timeout, killed, or shut down.
@@ -386,6 +390,11 @@ impl Totals {
         }
         Self {
             sessions_opened: opened,
+            sessions_by_entry: t
+                .opened_by_entry
+                .iter()
+                .map(|(entry, n)| (entry.to_string(), *n))
+                .collect(),
             sessions_completed: t.completed,
             sessions_reset: t.failed + t.idle + t.killed + t.shutdown,
             sessions_refused: t.refused_limit + t.refused_peer_down + t.connect_failed,

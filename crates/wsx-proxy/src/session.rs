@@ -34,7 +34,7 @@ impl Route {
 }
 
 /// Where a session entered this gateway.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum Entry {
     /// Intercepted on its way through (TPROXY).
@@ -47,13 +47,31 @@ pub enum Entry {
     Tunnel,
 }
 
+impl Entry {
+    /// `intercepted`, `forward`, `socks` or `tunnel`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Entry::Intercepted => "intercepted",
+            Entry::Forward(_) => "forward",
+            Entry::Socks(_) => "socks",
+            Entry::Tunnel => "tunnel",
+        }
+    }
+
+    /// The listener's name, for the entry points that have one.
+    pub fn listener(&self) -> Option<&str> {
+        match self {
+            Entry::Forward(name) | Entry::Socks(name) => Some(name),
+            Entry::Intercepted | Entry::Tunnel => None,
+        }
+    }
+}
+
 impl std::fmt::Display for Entry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Entry::Intercepted => f.write_str("intercepted"),
-            Entry::Forward(name) => write!(f, "forward:{name}"),
-            Entry::Socks(name) => write!(f, "socks:{name}"),
-            Entry::Tunnel => f.write_str("tunnel"),
+        match self.listener() {
+            Some(name) => write!(f, "{}:{name}", self.kind()),
+            None => f.write_str(self.kind()),
         }
     }
 }
@@ -200,6 +218,7 @@ impl Sessions {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         self.totals.opened[route as usize].fetch_add(1, Ordering::Relaxed);
         self.totals.live[route as usize].fetch_add(1, Ordering::Relaxed);
+        self.totals.entered(&entry);
         let traffic = self.totals.traffic(peer.as_deref(), route);
         let session = Arc::new(Session {
             id,
@@ -286,6 +305,9 @@ pub(crate) struct Totals {
     live: [AtomicU64; 3],
     endings: [AtomicU64; 8],
     traffic: Mutex<HashMap<TrafficKey, Arc<Traffic>>>,
+    /// Sessions opened by entry point (a handful: one per listener, plus interception and
+    /// the tunnel), never shrinking.
+    entries: Mutex<HashMap<Entry, u64>>,
 }
 
 /// A peer (`None`: no peer) and a route.
@@ -299,6 +321,17 @@ impl Totals {
             live: Default::default(),
             endings: Default::default(),
             traffic: Mutex::new(HashMap::new()),
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn entered(&self, entry: &Entry) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        match entries.get_mut(entry) {
+            Some(n) => *n += 1,
+            None => {
+                entries.insert(entry.clone(), 1);
+            }
         }
     }
 
@@ -330,6 +363,14 @@ impl Totals {
             })
             .collect();
         traffic.sort_by(|a, b| (&a.peer, a.route as u8).cmp(&(&b.peer, b.route as u8)));
+        let mut opened_by_entry: Vec<(Entry, u64)> = self
+            .entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(entry, n)| (entry.clone(), *n))
+            .collect();
+        opened_by_entry.sort();
         GatewayTotals {
             uptime: now.saturating_duration_since(self.started),
             opened: [Route::Tunnel, Route::Inbound, Route::Bypass]
@@ -347,6 +388,7 @@ impl Totals {
             refused_peer_down: ending(Ending::RefusedPeerDown),
             connect_failed: ending(Ending::ConnectFailed),
             traffic,
+            opened_by_entry,
         }
     }
 }
@@ -373,6 +415,9 @@ pub struct GatewayTotals {
     pub connect_failed: u64,
     /// Session bytes by peer and route.
     pub traffic: Vec<TrafficTotals>,
+    /// Sessions opened, by entry point (interception, each listener, the tunnel), for the
+    /// entry points that have had one.
+    pub opened_by_entry: Vec<(Entry, u64)>,
 }
 
 /// Session bytes of one peer (`None`: bypassed with no peer) and route.
@@ -475,6 +520,43 @@ mod tests {
         assert_eq!(
             (t.traffic[0].peer.as_deref(), t.traffic[0].from_client),
             (Some("hq"), 200)
+        );
+        assert_eq!(t.opened_by_entry, [(Entry::Intercepted, 2)]);
+    }
+
+    #[test]
+    fn sessions_are_counted_by_entry_point() {
+        let sessions = Arc::new(Sessions::default());
+        let now = Instant::now();
+        let addr = "10.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let entries = [
+            Entry::Socks("apps".into()),
+            Entry::Forward("db".into()),
+            Entry::Tunnel,
+            Entry::Forward("db".into()),
+            Entry::Forward("web".into()),
+        ];
+        for entry in entries {
+            let route = Route::Tunnel;
+            let kill = CancellationToken::new();
+            sessions.register(
+                now,
+                ClientAddr(addr),
+                (Target::Addr(addr), entry),
+                None,
+                route,
+                kill,
+            );
+        }
+        let t = sessions.totals.snapshot(now);
+        assert_eq!(
+            t.opened_by_entry,
+            [
+                (Entry::Forward("db".into()), 2),
+                (Entry::Forward("web".into()), 1),
+                (Entry::Socks("apps".into()), 1),
+                (Entry::Tunnel, 1),
+            ]
         );
     }
 

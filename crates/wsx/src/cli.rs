@@ -396,6 +396,14 @@ fn status_table(s: &Status) {
         human_bytes(t.bytes_from_clients),
         human_bytes(t.bytes_from_servers)
     );
+    if !t.sessions_by_entry.is_empty() {
+        let entries: Vec<String> = t
+            .sessions_by_entry
+            .iter()
+            .map(|(entry, n)| format!("{n} {entry}"))
+            .collect();
+        println!("entered by      {}", entries.join(", "));
+    }
     if !s.peers.is_empty() {
         println!();
         let rows: Vec<Vec<String>> = s
