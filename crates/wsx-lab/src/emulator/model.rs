@@ -209,15 +209,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn bottleneck_serialises_back_to_back_packets_at_the_rate() {
-        // 12 Mbit/s: a 1500-byte packet takes exactly 1 ms.
+    /// 12 Mbit/s, where a 1500-byte packet takes exactly 1 ms, with room for 666 of them.
+    fn twelve_megabit_link() -> Link {
         let params = LinkParams {
             rate_kbit: 12_000,
             queue: QueueLimit::Bytes(1_000_000),
             ..Default::default()
         };
-        let mut link = Link::new(params, 1);
+        Link::new(params, 1)
+    }
+
+    #[test]
+    fn bottleneck_serialises_back_to_back_packets_at_the_rate() {
+        let mut link = twelve_megabit_link();
         let departures: Vec<u64> = (0..10)
             .map(|_| deliver_at(link.handle_packet(0, 1500)))
             .collect();
@@ -228,13 +232,7 @@ mod tests {
 
     #[test]
     fn a_packet_reports_the_wait_for_those_queued_ahead_of_it() {
-        // 12 Mbit/s: a 1500-byte packet takes exactly 1 ms.
-        let params = LinkParams {
-            rate_kbit: 12_000,
-            queue: QueueLimit::Bytes(1_000_000),
-            ..Default::default()
-        };
-        let mut link = Link::new(params, 1);
+        let mut link = twelve_megabit_link();
         let queued = |v: Verdict| match v {
             Verdict::Deliver { queued_ns, .. } => queued_ns,
             Verdict::Drop(r) => panic!("dropped: {r:?}"),

@@ -24,6 +24,13 @@ pub(super) fn pair_with(forward: LinkConfig, seed: u64, config: TransportConfig)
     pair
 }
 
+/// One bulk stream from the client to the server that outlasts any test.
+fn endless_stream(pair: &mut Pair) -> Transfers {
+    let mut transfers = Transfers::new(0);
+    transfers.start(pair, 1 << 40);
+    transfers
+}
+
 /// Runs for `duration` with `transfers` pumped; the transfers must outlast it.
 pub(super) fn run_for(pair: &mut Pair, transfers: &mut Transfers, duration: Duration) {
     let end = pair.now + duration;
@@ -44,8 +51,7 @@ fn utilization(transfers: &Transfers, from: usize, to: usize, rate: u64) -> f64 
 /// Goodput of one bulk stream from 3 s to 20 s after the first byte.
 fn steady_utilization(loss: f64, seed: u64) -> (f64, Pair) {
     let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(loss), seed);
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(21));
     (utilization(&transfers, 30, 200, RATE), pair)
 }
@@ -77,8 +83,7 @@ fn five_percent_random_loss_keeps_80_percent() {
 fn reverse_packets_are_at_most_one_per_twenty_data_packets() {
     for loss in [0.0, 0.01] {
         let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(loss), 4);
-        let mut transfers = Transfers::new(0);
-        transfers.start(&mut pair, 1 << 40);
+        let mut transfers = endless_stream(&mut pair);
         run_for(&mut pair, &mut transfers, Duration::from_secs(3));
         let forward = pair.client().stats().eliciting_sent;
         let reverse = pair.server().stats().packets_sent;
@@ -121,8 +126,7 @@ fn random_loss_at_the_start_does_not_end_rapid_start() {
             let mut pair = pair_with(link, 100 + seed, config.clone());
             let idle_until = pair.now + Duration::from_secs(3);
             pair.run_until(Duration::from_secs(4), |pair| pair.now >= idle_until);
-            let mut transfers = Transfers::new(0);
-            transfers.start(&mut pair, 1 << 40);
+            let mut transfers = endless_stream(&mut pair);
             run_for(&mut pair, &mut transfers, Duration::from_secs(4));
             let first = transfers
                 .delivered
@@ -142,8 +146,7 @@ fn random_loss_at_the_start_does_not_end_rapid_start() {
 #[test]
 fn reaches_90_percent_within_ten_round_trips() {
     let mut pair = pair(LinkConfig::new(RTT, 100), 5);
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(3));
     let first = first_rtt_at_90_percent(&transfers);
     assert!(
@@ -163,8 +166,7 @@ fn an_idle_tunnel_still_ramps_up_quickly() {
     let mut pair = pair_with(LinkConfig::new(RTT, 100), 7, config);
     let idle_until = pair.now + Duration::from_secs(5);
     pair.run_until(Duration::from_secs(6), |p| p.now >= idle_until);
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(3));
     let first = first_rtt_at_90_percent(&transfers);
     assert!(
@@ -193,8 +195,7 @@ fn a_warm_start_reaches_90_percent_within_three_round_trips() {
     });
     pair.sides[1].connections.clear();
     pair.connect();
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(1));
     let first = first_rtt_at_90_percent(&transfers);
     assert!(
@@ -215,8 +216,7 @@ fn when_the_bottleneck_halves_loss_settles_within_two_round_trips() {
         ..TransportConfig::default()
     };
     let mut pair = pair_with(LinkConfig::new(RTT, 100).with_loss(0.001), 7, config);
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(5));
     let events_before = congestion_events(&mut pair);
     pair.set_rate(0, RATE / 2);
@@ -256,8 +256,7 @@ fn when_the_bottleneck_halves_loss_settles_within_two_round_trips() {
 #[test]
 fn after_a_route_change_to_a_longer_path_random_loss_is_random_again() {
     let mut pair = pair(LinkConfig::new(50 * MS, 100).with_loss(0.01), 11);
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(5));
     pair.set_delay(0, 75 * MS);
     pair.set_delay(1, 75 * MS);
@@ -631,8 +630,7 @@ fn burst_loss_on_an_uncongested_line_costs_little_rate() {
     let mut link = LinkConfig::new(RTT, 100);
     link.burst = Some((0.0034, 0.33));
     let mut pair = pair(link, 3);
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(21));
     let u = utilization(&transfers, 30, 200, RATE);
     let state = pair
@@ -654,8 +652,7 @@ fn burst_loss_on_an_uncongested_line_costs_little_rate() {
 #[test]
 fn a_queue_left_by_a_short_dip_of_the_bottleneck_drains() {
     let mut pair = pair(LinkConfig::new(RTT, 100), 12);
-    let mut transfers = Transfers::new(0);
-    transfers.start(&mut pair, 1 << 40);
+    let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(5));
     pair.set_rate(0, RATE * 8 / 10);
     run_for(&mut pair, &mut transfers, 300 * MS);
