@@ -388,6 +388,9 @@ impl Gateway {
         if config.tunnel_listen != old.tunnel_listen {
             return Err(GatewayError::NeedsRestart("the tunnel address"));
         }
+        if config.transport.max_datagram != old.transport.max_datagram {
+            return Err(GatewayError::NeedsRestart("the tunnel's max_datagram"));
+        }
         if config.forwards != old.forwards || config.socks != old.socks {
             return Err(GatewayError::NeedsRestart(
                 "the forwarding and SOCKS listeners",
@@ -740,7 +743,15 @@ impl Inner {
                         debug!("no answer to the handshake; the peer's own tunnel is up");
                     } else {
                         failures += 1;
-                        log_failure(failures, "no answer to the handshake", endpoint);
+                        // The initiation is as long as a data packet: a path with a smaller
+                        // MTU drops it, which looks like this.
+                        log_failure(
+                            failures,
+                            "no answer to the handshake (is the peer running, does it know our \
+                             key, and does the path carry datagrams of the tunnel's \
+                             max_datagram?)",
+                            endpoint,
+                        );
                     }
                 }
             }

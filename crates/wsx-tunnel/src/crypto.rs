@@ -30,6 +30,13 @@ pub(crate) const NOISE_PARAMS: &str = "Noise_IK_25519_ChaChaPoly_BLAKE2s";
 const PROLOGUE: &[u8] = b"wsx tunnel 1";
 /// Bytes of the AEAD tag.
 pub(crate) const TAG_LEN: usize = 16;
+
+/// Bytes Noise IK adds to the initiator's payload in message 1: its ephemeral key, its static
+/// key (encrypted, with a tag) and the payload's tag.
+pub(crate) const INITIATION_OVERHEAD: usize = KEY_LEN + (KEY_LEN + TAG_LEN) + TAG_LEN;
+/// Bytes Noise IK adds to the responder's payload in message 2: its ephemeral key and the
+/// payload's tag.
+pub(crate) const RESPONSE_OVERHEAD: usize = KEY_LEN + TAG_LEN;
 /// Bytes of a Curve25519 key.
 pub const KEY_LEN: usize = 32;
 /// A direction's key is updated after this many packets...

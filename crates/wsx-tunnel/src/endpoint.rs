@@ -7,7 +7,7 @@ use crate::config::{EndpointConfig, TransportConfig};
 use crate::congestion::PathHint;
 use crate::connection::{self, Connection, PARAMS_MAX_LEN};
 use crate::crypto::{self, PublicKey};
-use crate::packet::{Header, INITIATION_HEADER_LEN};
+use crate::packet::{Header, INITIATION_HEADER_LEN, RESPONSE_HEADER_LEN};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -214,8 +214,9 @@ impl Endpoint {
         sender: u32,
         datagram: &[u8],
     ) -> Option<DatagramEvent> {
-        let mut payload = [0u8; 8 + PARAMS_MAX_LEN + 16];
         let message = &datagram[INITIATION_HEADER_LEN..];
+        // Initiations are padded to the initiator's datagram size.
+        let mut payload = vec![0u8; message.len()];
         let header = &datagram[..INITIATION_HEADER_LEN];
         let (hs, peer, n) = match crypto::accept(&self.config.secret, header, message, &mut payload)
         {
@@ -248,9 +249,15 @@ impl Endpoint {
         }
         self.timestamps.insert(peer, timestamp);
         let (handle, local_id) = self.register(peer, false);
-        let mut params_out = [0u8; 4 + PARAMS_MAX_LEN];
-        let params_len = connection::response_payload(&self.transport, local_id, &mut params_out);
-        let mut response = vec![0u8; crate::packet::RESPONSE_HEADER_LEN + 32 + params_len + 16];
+        // The answer is padded like the initiation, to the initiation's length or our own
+        // datagram size if smaller (never larger than the request): a path that cannot carry
+        // our data packets back fails the handshake too.
+        let target = datagram.len().min(usize::from(self.transport.max_datagram));
+        let padded = target.saturating_sub(RESPONSE_HEADER_LEN + crypto::RESPONSE_OVERHEAD);
+        let mut params_out = vec![0u8; padded.max(4 + PARAMS_MAX_LEN)];
+        let params_len =
+            connection::response_payload(&self.transport, local_id, &mut params_out).max(padded);
+        let mut response = vec![0u8; RESPONSE_HEADER_LEN + crypto::RESPONSE_OVERHEAD + params_len];
         let mut w = crate::coding::Writer::new(&mut response);
         Header::Response {
             sender: local_id,

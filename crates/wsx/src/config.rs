@@ -52,6 +52,8 @@ pub(crate) struct Tunnel {
     pub(crate) private_key_file: Option<PathBuf>,
     /// The contracted WAN rate, Mbit/s: the tunnel never sends faster.
     pub(crate) max_rate_mbit: Option<f64>,
+    /// The largest UDP payload the tunnel sends, bytes (1200-65527; default 1400).
+    pub(crate) max_datagram: Option<u16>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -255,6 +257,11 @@ fn default_api_listen() -> SocketAddr {
 fn mask_all<S: Serializer>(tokens: &[Spanned<String>], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(tokens.iter().map(|_| "<secret>"))
 }
+
+/// Bounds of `tunnel.max_datagram`: a peer refuses a smaller declared size, and a UDP
+/// payload cannot be larger.
+const MIN_DATAGRAM: u16 = 1200;
+const MAX_DATAGRAM: u16 = 65_527;
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([0u16; 8], 4500))
@@ -512,6 +519,16 @@ impl Loaded {
             }
             gateway.transport.max_rate = Some((mbit * 1e6 / 8.0) as u64);
         }
+        if let Some(size) = c.tunnel.max_datagram {
+            if !(MIN_DATAGRAM..=MAX_DATAGRAM).contains(&size) {
+                return Err(self.error(
+                    None,
+                    "tunnel.max_datagram",
+                    format!("must be {MIN_DATAGRAM} to {MAX_DATAGRAM} bytes"),
+                ));
+            }
+            gateway.transport.max_datagram = size;
+        }
         gateway.intercept = c.intercept.as_ref().map(|i| {
             let mut intercept = InterceptConfig::default();
             intercept.port = i.port;
@@ -752,6 +769,7 @@ mod tests {
 listen = "0.0.0.0:4600"
 private_key = "{KEY_A}"
 max_rate_mbit = 100
+max_datagram = 1300
 
 [intercept]
 port = 4601
@@ -779,6 +797,7 @@ fec = "off"
         );
         let c = parse(&text).unwrap();
         assert_eq!(c.transport.max_rate, Some(12_500_000));
+        assert_eq!(c.transport.max_datagram, 1300);
         let intercept = c.intercept.unwrap();
         assert_eq!(
             (intercept.port, intercept.interfaces.as_slice()),
@@ -874,6 +893,12 @@ fec = "off"
         assert_eq!(
             e,
             "wsx.toml:6:13: peer[0].prefixes[0]: invalid IP address syntax"
+        );
+        let text = format!("[tunnel]\nprivate_key = \"{KEY_A}\"\nmax_datagram = 1000\n");
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(
+            e.ends_with("tunnel.max_datagram: must be 1200 to 65527 bytes"),
+            "{e}"
         );
     }
 

@@ -840,7 +840,8 @@ impl Connection {
         };
         let sent_at = init.sent_at;
         let message = &datagram[crate::packet::RESPONSE_HEADER_LEN..];
-        let mut payload = [0u8; 4 + PARAMS_MAX_LEN + 16];
+        // Padded (see `transmit_initiation`): as long as the message.
+        let mut payload = vec![0u8; message.len()];
         let (keys, n) = match crypto::finish(hs, message, &mut payload) {
             Ok(done) => done,
             Err(e) => {
@@ -1389,13 +1390,18 @@ impl Connection {
         if init.handshake.is_some() || init.next_attempt.is_some_and(|t| now < t) {
             return None;
         }
-        // Payload: the wall-clock timestamp (replay protection), then our parameters.
-        let mut payload = [0u8; 8 + PARAMS_MAX_LEN];
+        // Payload: the wall-clock timestamp (replay protection), then our parameters, then
+        // zeros to make the initiation as long as our data packets will be: a path that
+        // cannot carry them fails the handshake, rather than establishing a tunnel whose
+        // data vanishes (the socket sets don't-fragment).
+        let padded = usize::from(self.config.max_datagram)
+            .saturating_sub(INITIATION_HEADER_LEN + crypto::INITIATION_OVERHEAD);
+        let mut payload = vec![0u8; padded.max(8 + PARAMS_MAX_LEN)];
         let mut w = Writer::new(&mut payload);
         let elapsed = now.saturating_duration_since(init.created);
         w.u64((init.unix_base + elapsed).as_nanos() as u64);
         params.emit(&mut w);
-        let payload_len = w.len();
+        let payload_len = w.len().max(padded);
         let mut header = [0u8; INITIATION_HEADER_LEN];
         Header::Initiation {
             sender: self.local_id,

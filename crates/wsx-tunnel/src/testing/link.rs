@@ -26,6 +26,9 @@ pub struct LinkConfig {
     pub duplicate: f64,
     /// Probability that one byte of a datagram is flipped.
     pub corrupt: f64,
+    /// Datagrams longer than this are dropped: a path whose MTU is below them, with
+    /// don't-fragment set (`None`: no limit).
+    pub max_datagram: Option<usize>,
 }
 
 impl LinkConfig {
@@ -42,6 +45,7 @@ impl LinkConfig {
             reorder_delay: Duration::ZERO,
             duplicate: 0.0,
             corrupt: 0.0,
+            max_datagram: None,
         }
     }
 
@@ -60,6 +64,8 @@ pub struct LinkStats {
     pub delivered_bytes: u64,
     pub dropped_queue: u64,
     pub dropped_loss: u64,
+    /// Longer than the path's `max_datagram`.
+    pub dropped_too_big: u64,
     pub duplicated: u64,
     pub corrupted: u64,
 }
@@ -115,6 +121,10 @@ impl Link {
         self.stats.sent += 1;
         self.stats.sent_bytes += data.len() as u64;
         let size = data.len() as u64;
+        if self.config.max_datagram.is_some_and(|max| data.len() > max) {
+            self.stats.dropped_too_big += 1;
+            return;
+        }
         // The bottleneck: queue, then serialize.
         let mut leave = now;
         if let Some(rate) = self.config.rate {

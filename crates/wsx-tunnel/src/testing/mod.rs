@@ -176,18 +176,23 @@ impl Pair {
                 return handle;
             }
             if self.sides[index].connections.is_empty() {
-                let unix = Duration::from_secs(1_800_000_000) + (self.now - self.epoch);
-                let server = self.sides[SERVER].addr;
-                let peer = self.sides[SERVER].endpoint.public_key();
-                let (handle, connection) = self.sides[index]
-                    .endpoint
-                    .connect(self.now, unix, server, peer)
-                    .expect("the server is a configured peer");
-                self.sides[index].connections.insert(handle, connection);
+                self.initiate(index);
             }
             assert!(self.step(), "the simulation went idle before connecting");
             assert!(self.now < deadline, "no connection within ten minutes");
         }
+    }
+
+    /// Starts a connection from client `index` to the server; [`Self::step`] carries it on.
+    pub fn initiate(&mut self, index: usize) {
+        let unix = Duration::from_secs(1_800_000_000) + (self.now - self.epoch);
+        let server = self.sides[SERVER].addr;
+        let peer = self.sides[SERVER].endpoint.public_key();
+        let (handle, connection) = self.sides[index]
+            .endpoint
+            .connect(self.now, unix, server, peer)
+            .expect("the server is a configured peer");
+        self.sides[index].connections.insert(handle, connection);
     }
 
     /// The server's handle of its connection with client `index`, once both ends are

@@ -2,7 +2,7 @@
 //! draws an answer.
 
 use crate::testing::{LinkConfig, Pair, Transfers};
-use crate::{Endpoint, EndpointConfig, SecretKey};
+use crate::{Endpoint, EndpointConfig, SecretKey, TransportConfig};
 use std::time::Duration;
 
 fn clean_pair(seed: u64) -> Pair {
@@ -175,4 +175,32 @@ fn a_duplicated_handshake_response_is_ignored() {
     transfers.verify();
     assert_eq!(pair.sides[0].connections.len(), 1);
     assert_eq!(pair.sides[1].connections.len(), 1);
+}
+
+/// The handshake messages are as long as the tunnel's data packets, so a path that cannot
+/// carry those fails the handshake (a gateway then reports the peer down and bypasses it)
+/// instead of establishing a tunnel whose data packets vanish.
+#[test]
+fn a_path_too_small_for_the_data_packets_fails_the_handshake() {
+    let max = usize::from(TransportConfig::default().max_datagram);
+    for (limit, connects) in [(max, true), (max - 1, false)] {
+        let mut link = LinkConfig::new(Duration::from_millis(20), 100);
+        link.max_datagram = Some(limit);
+        let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 3);
+        pair.initiate(0);
+        let mut sizes = Vec::new();
+        let end = pair.now + Duration::from_secs(20);
+        while pair.now < end && pair.step_with(&mut |_, d| sizes.push(d.len())) {}
+        let established = pair.client().is_established();
+        assert_eq!(
+            established, connects,
+            "path limit {limit}, datagrams {sizes:?}"
+        );
+        if connects {
+            // Initiation and response, each exactly the datagram size.
+            assert_eq!(sizes[..2], [max, max]);
+        } else {
+            assert!(pair.link_stats(0).dropped_too_big > 0);
+        }
+    }
 }
