@@ -23,8 +23,8 @@
 //! Reader wake-ups: at 100 Mbit/s paced datagrams arrive one at a time, and waking a stream's
 //! reader for each would cost a task wake-up and a small write to the far socket per datagram.
 //! A reader woken for data is therefore woken again at most once per millisecond (RTT/8 on
-//! shorter paths), or sooner once 64 KiB wait. The first data
-//! after a quiet spell wakes it at once, so a request that arrives alone is not delayed.
+//! shorter paths), or sooner once 64 KiB wait. The first data after a quiet spell wakes it at
+//! once, so a request that arrives alone is not delayed.
 //!
 //! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
