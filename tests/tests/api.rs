@@ -333,6 +333,13 @@ fn a_configuration_applied_through_the_api_is_saved_and_survives_a_restart() {
     assert_eq!(status, 409, "{body}");
     assert!(body.contains("needs_restart"), "{body}");
     assert_eq!(std::fs::read_to_string(&gw_a.config).unwrap(), original);
+    // So is a new datagram size, which the running tunnel driver cannot take.
+    let smaller = original.replace("[tunnel]\n", "[tunnel]\nmax_datagram = 1300\n");
+    assert_ne!(smaller, original);
+    let (status, body) = request(&lab, "PUT", "/api/v1/config", Some(("text/plain", smaller)));
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("max_datagram"), "{body}");
+    assert_eq!(std::fs::read_to_string(&gw_a.config).unwrap(), original);
 
     // `wsx config check` and `apply` with a new session limit.
     let changed = original.replace("[sessions]\n", "[sessions]\nmax_sessions = 1234\n");

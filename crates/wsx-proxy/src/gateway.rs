@@ -378,7 +378,7 @@ impl Gateway {
 
     /// Applies a new configuration: peers, prefixes (the rules follow) and session limits.
     /// Established sessions are kept. The key, the tunnel address, the transport settings
-    /// and the listener port need a restart.
+    /// (`max_datagram`, `max_rate`), the listeners and interception on/off need a restart.
     pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
         validate_peers(&config)?;
         let old = self.inner.config();
@@ -388,8 +388,13 @@ impl Gateway {
         if config.tunnel_listen != old.tunnel_listen {
             return Err(GatewayError::NeedsRestart("the tunnel address"));
         }
-        if config.transport.max_datagram != old.transport.max_datagram {
-            return Err(GatewayError::NeedsRestart("the tunnel's max_datagram"));
+        // The driver's endpoint took its transport settings at start.
+        if config.transport.max_datagram != old.transport.max_datagram
+            || config.transport.max_rate != old.transport.max_rate
+        {
+            return Err(GatewayError::NeedsRestart(
+                "the tunnel's max_datagram or max_rate_mbit",
+            ));
         }
         if config.forwards != old.forwards || config.socks != old.socks {
             return Err(GatewayError::NeedsRestart(
