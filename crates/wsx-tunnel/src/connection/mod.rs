@@ -96,6 +96,10 @@ pub enum ConnectionError {
     /// A newer handshake from the same peer replaced this connection.
     #[error("replaced by a newer connection from the same peer")]
     Replaced,
+    /// Full-size packets stopped getting through while the peer was still heard: the path
+    /// most likely no longer carries `max_datagram`-sized datagrams (its MTU shrank).
+    #[error("full-size packets are not getting through (path MTU below max_datagram?)")]
+    PathBlackHole,
 }
 
 /// Something the application should know about.
@@ -254,6 +258,8 @@ pub struct Connection {
     pto_count: u32,
     last_eliciting_sent: Option<Instant>,
     probes: u32,
+    /// For black-hole detection: see [`BLACK_HOLE_AFTER`].
+    large_unacked: Option<LargeUnacked>,
     rtt: RttEstimator,
     delivery: DeliveryRate,
     controller: Option<Box<dyn Controller>>,
@@ -329,6 +335,7 @@ impl Connection {
             pto_count: 0,
             last_eliciting_sent: None,
             probes: 0,
+            large_unacked: None,
             rtt: RttEstimator::new(INITIAL_RTT),
             delivery: DeliveryRate::new(now),
             controller: None,
@@ -729,6 +736,17 @@ impl Connection {
         }
         if self.loss_or_pto_deadline().is_some_and(|t| now >= t) {
             self.on_loss_timeout(now);
+            if self.is_black_hole(now) {
+                tracing::warn!(
+                    max_datagram = self.max_datagram(),
+                    "full-size packets are not getting through; closing"
+                );
+                self.close(now, CLOSE_PATH_BLACK_HOLE, b"path black hole");
+                if let Some(Event::ConnectionLost(e)) = self.events.back_mut() {
+                    *e = ConnectionError::PathBlackHole;
+                }
+                return;
+            }
         }
         if self.is_established() && now >= self.last_sent + self.config.keepalive {
             self.ping_pending = true;
@@ -736,6 +754,18 @@ impl Connection {
         if let Some(fec) = &mut self.fec {
             fec.on_timeout(now);
         }
+    }
+
+    /// Whether full-size packets have stopped getting through: none acknowledged for
+    /// [`BLACK_HOLE_AFTER`] though [`BLACK_HOLE_PACKETS`] were sent, while the peer was heard
+    /// from (so the path itself is up). Checked when a probe timeout fires, which keeps
+    /// happening while they vanish.
+    fn is_black_hole(&self, now: Instant) -> bool {
+        self.large_unacked.is_some_and(|large| {
+            now >= large.since + BLACK_HOLE_AFTER
+                && large.sent >= BLACK_HOLE_PACKETS
+                && self.last_heard > large.since
+        })
     }
 
     fn loss_or_pto_deadline(&self) -> Option<Instant> {
@@ -1111,6 +1141,9 @@ impl Connection {
                     }
                 }
                 acked_packets += 1;
+                if packet.size > BASE_DATAGRAM {
+                    self.large_unacked = None;
+                }
                 let bytes = u64::from(packet.size) + u64::from(packet.parity_bytes);
                 acked_bytes += bytes;
                 self.in_flight -= u64::from(packet.parity_bytes);
@@ -1717,6 +1750,17 @@ impl Connection {
         }
         let snapshot = self.delivery.on_sent(now, self.in_flight);
         if eliciting {
+            if size > usize::from(BASE_DATAGRAM) {
+                match &mut self.large_unacked {
+                    Some(large) => large.sent += 1,
+                    None => {
+                        self.large_unacked = Some(LargeUnacked {
+                            since: now,
+                            sent: 1,
+                        })
+                    }
+                }
+            }
             self.stats.eliciting_sent += 1;
             self.in_flight += size as u64;
             self.eliciting_in_flight += 1;
@@ -1739,8 +1783,29 @@ impl Connection {
     }
 }
 
-/// Close code for protocol violations.
-pub const CLOSE_PROTOCOL_VIOLATION: u64 = 1;
+/// Close code for protocol violations. The transport's own codes start at 0x100; the ones
+/// below are the application's (`Tunnel::close`).
+pub const CLOSE_PROTOCOL_VIOLATION: u64 = 0x100;
+
+/// Close code for a path that stopped carrying full-size packets
+/// ([`ConnectionError::PathBlackHole`]).
+pub const CLOSE_PATH_BLACK_HOLE: u64 = 0x101;
+
+/// Packets up to this size are taken to fit any path: the smallest `max_datagram` a peer may
+/// declare. Larger ones are watched for a black hole.
+const BASE_DATAGRAM: u16 = 1200;
+/// A black hole is declared when no larger packet was acknowledged for this long...
+const BLACK_HOLE_AFTER: Duration = Duration::from_secs(3);
+/// ...while at least this many were sent (random loss, even heavy, does not lose them all)...
+const BLACK_HOLE_PACKETS: u32 = 8;
+// ...and the peer was heard from after the first of them left.
+
+/// Large packets sent since the last one was acknowledged.
+#[derive(Debug, Clone, Copy)]
+struct LargeUnacked {
+    since: Instant,
+    sent: u32,
+}
 
 /// Errors of [`Connection::send_control`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -381,7 +381,8 @@ impl Tunnel {
         .await
     }
 
-    /// Closes the connection: every stream ends, the peer is told with `code` and `reason`.
+    /// Closes the connection: every stream ends, the peer is told with `code` (below 0x100:
+    /// the transport's own codes start there) and `reason`.
     pub fn close(&self, code: u64, reason: &[u8]) {
         self.link.lock().connection.close(now(), code, reason);
         self.link.touch();

@@ -231,6 +231,11 @@ impl Pair {
         self.links[direction].set_rate(rate);
     }
 
+    /// Changes the largest datagram a link carries (its MTU shrinks or grows).
+    pub fn set_max_datagram(&mut self, direction: usize, max: Option<usize>) {
+        self.links[direction].config.max_datagram = max;
+    }
+
     /// Changes a link's one-way delay (a route change); datagrams already on the link keep
     /// theirs.
     pub fn set_delay(&mut self, direction: usize, delay: Duration) {

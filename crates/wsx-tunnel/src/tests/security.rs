@@ -2,7 +2,7 @@
 //! draws an answer.
 
 use crate::testing::{LinkConfig, Pair, Transfers};
-use crate::{Endpoint, EndpointConfig, SecretKey, TransportConfig};
+use crate::{ConnectionError, Endpoint, EndpointConfig, Event, SecretKey, TransportConfig};
 use std::time::Duration;
 
 fn clean_pair(seed: u64) -> Pair {
@@ -203,4 +203,43 @@ fn a_path_too_small_for_the_data_packets_fails_the_handshake() {
             assert!(pair.link_stats(0).dropped_too_big > 0);
         }
     }
+}
+
+/// The path's MTU shrinks under an established tunnel: its full-size packets vanish while the
+/// peer's small keepalives still arrive. The sender closes the connection within seconds, so
+/// that a gateway handshakes again (which the padded handshake makes fail) and bypasses the
+/// peer, instead of keeping a tunnel whose streams stall behind a healthy-looking peer.
+#[test]
+fn a_black_hole_for_full_size_packets_closes_the_connection() {
+    let link = LinkConfig::new(Duration::from_millis(100), 100);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 14);
+    pair.connect();
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 1 << 40);
+    let warm = pair.now + Duration::from_secs(3);
+    pair.run_until(Duration::from_secs(4), |p| {
+        transfers.pump(p);
+        p.now >= warm
+    });
+    pair.set_max_datagram(0, Some(1300));
+    let shrunk = pair.now;
+    let black_hole = Event::ConnectionLost(ConnectionError::PathBlackHole);
+    pair.run_until(Duration::from_secs(20), |p| {
+        let seen = p.sides[0].events.iter().any(|(_, e)| *e == black_hole);
+        transfers.pump(p);
+        seen
+    });
+    let detected = pair.now - shrunk;
+    assert!(
+        detected <= Duration::from_secs(8),
+        "detected after {detected:?}"
+    );
+    // The peer hears why: the CLOSE is small enough to pass.
+    let told = Event::ConnectionLost(ConnectionError::PeerClosed {
+        code: crate::CLOSE_PATH_BLACK_HOLE,
+        reason: "path black hole".into(),
+    });
+    pair.run_until(Duration::from_secs(2), |p| {
+        p.sides[1].events.iter().any(|(_, e)| *e == told)
+    });
 }
