@@ -316,24 +316,13 @@ impl Gateway {
         };
         let mut forwards = Vec::new();
         for forward in &config.forwards {
-            let listener = TcpListener::bind(forward.listen).await.map_err(|source| {
-                GatewayError::Listener {
-                    addr: forward.listen,
-                    source,
-                }
-            })?;
+            let listener = bind_listener(forward.listen).await?;
             info!(name = %forward.name, address = %forward.listen, to = %forward.to, peer = %forward.peer, "forwarding listener");
             forwards.push((listener, forward.clone()));
         }
         let mut socks = Vec::new();
         for s in &config.socks {
-            let listener =
-                TcpListener::bind(s.listen)
-                    .await
-                    .map_err(|source| GatewayError::Listener {
-                        addr: s.listen,
-                        source,
-                    })?;
+            let listener = bind_listener(s.listen).await?;
             info!(name = %s.name, address = %s.listen, peer = %s.peer, authentication = !s.users.is_empty(), "SOCKS5 listener");
             socks.push((listener, s.clone()));
         }
@@ -1298,6 +1287,13 @@ fn log_compression_totals(peer: &Peer) {
 
 /// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
 /// hours does not flood the journal.
+/// Binds a forwarding or SOCKS5 listener.
+async fn bind_listener(addr: SocketAddr) -> Result<TcpListener, GatewayError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| GatewayError::Listener { addr, source })
+}
+
 fn log_failure(failures: u32, what: &str, endpoint: SocketAddr) {
     if failures <= 3 || failures % 10 == 0 {
         warn!(%endpoint, failures, "{what}");
