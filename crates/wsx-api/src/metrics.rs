@@ -26,6 +26,7 @@
 //! | `wsx_tunnel_auth_failures_total`, `_replays_total` | `peer` | datagrams dropped |
 //! | `wsx_fec_packets_protected_total`, `_parity_sent_total`, `_parity_bytes_sent_total` | `peer` | |
 //! | `wsx_fec_recovered_by_peer_total`, `_recovered_total`, `_unrecoverable_groups_total` | `peer` | |
+//! | `wsx_fec_decoder_bytes` | `peer` | memory held for rebuilding the peer's losses |
 //! | `wsx_compression_plain_bytes_total`, `_wire_bytes_total` | `peer`, `direction` | `sent`, `received` |
 //! | `wsx_compression_chunks_total` | `peer`, `kind` | `deflated`, `incompressible`, `stored` |
 //! | `wsx_compression_cpu_seconds_total` | `peer`, `operation` | `compress`, `inflate` |
@@ -253,6 +254,14 @@ impl Collector for GatewayCollector {
             tunnels
                 .iter()
                 .map(|(name, s)| gauge(peer(name), s.smoothed_rtt.as_secs_f64())),
+        )?;
+        family(
+            &mut e,
+            "wsx_fec_decoder_bytes",
+            "Bytes held for rebuilding the peer's losses from its parity",
+            tunnels
+                .iter()
+                .map(|(name, s)| gauge(peer(name), s.fec.decoder_bytes as f64)),
         )?;
         family(
             &mut e,

@@ -124,6 +124,8 @@ pub struct Fec {
     pub recovered: u64,
     /// Groups that lost more than their parity could rebuild.
     pub unrecoverable_groups: u64,
+    /// Bytes held for rebuilding the peer's losses (copies of its protected packets, parity).
+    pub decoder_bytes: u64,
 }
 
 /// Deflate on the streams to and from a peer.
@@ -310,6 +312,7 @@ impl Fec {
             parity_received: f.parity_received,
             recovered: f.recovered,
             unrecoverable_groups: f.unrecoverable_groups,
+            decoder_bytes: f.decoder_bytes,
         }
     }
 }

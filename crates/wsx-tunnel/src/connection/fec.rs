@@ -65,6 +65,9 @@ pub struct FecStats {
     pub parity_received: u64,
     pub recovered: u64,
     pub unrecoverable_groups: u64,
+    /// Bytes held here for rebuilding the peer's losses: copies of its protected packets and
+    /// its parity (about 2.8 MB once its FEC is in use).
+    pub decoder_bytes: u64,
 }
 
 /// Whether a sent packet may be declared lost yet.
@@ -154,6 +157,7 @@ impl Fec {
             parity_received: d.parity,
             recovered: d.recovered,
             unrecoverable_groups: d.unrecoverable,
+            decoder_bytes: self.decoder.memory() as u64,
             ..self.stats
         }
     }
