@@ -624,7 +624,7 @@ fn rtt_samples_for_the_controller_leave_out_the_ack_delay() {
 /// Bursts of loss (Gilbert-Elliott, mean burst 3, about 1 % loss) on a line that is not
 /// congested. A burst is a cluster, which the classifier takes for congestion as designed;
 /// the reaction only returns the rate to the latest delivery rate, so the line stays nearly
-/// full. Measured: 91-93 % for seeds 1-3; a reaction that halved or collapsed would fail.
+/// full. Measured: 90-92 % for seeds 1-3; a reaction that halved or collapsed would fail.
 #[test]
 fn burst_loss_on_an_uncongested_line_costs_little_rate() {
     let mut link = LinkConfig::new(RTT, 100);
