@@ -22,9 +22,9 @@
 //! removes, so a queue left by anything else (the start-up, a short dip of the bottleneck,
 //! an estimate a percent high from ACK timing noise) would otherwise stand for good. In the
 //! lab that was a median of 23-33 ms; now it is 1-4 ms. The probe's queue is at most a
-//! quarter of the bandwidth-delay product. Two probes in a row that each found 15 % more rate mean the
-//! estimate is far below what the path gives (a competing flow left, or a congestion verdict
-//! cut too deep): the controller then searches at Rapid Start's pace again.
+//! quarter of the bandwidth-delay product. Two probes in a row that each found 15 % more rate
+//! mean the estimate is far below what the path gives (a competing flow left, or a congestion
+//! verdict cut too deep): the controller then searches at Rapid Start's pace again.
 //!
 //! **Minimum RTT.** The smallest RTT sample of the last 10-20 s (two windows), not of the whole
 //! connection: a route change to a longer path would otherwise look like a queue that never

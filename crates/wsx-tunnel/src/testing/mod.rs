@@ -215,7 +215,7 @@ impl Pair {
     }
 
     pub fn server(&mut self) -> &mut Connection {
-        self.sides[1].connection()
+        self.sides[SERVER].connection()
     }
 
     pub fn link_stats(&self, direction: usize) -> LinkStats {
@@ -336,28 +336,27 @@ impl Pair {
     fn transmit(&mut self, from: usize) -> bool {
         let mut sent = false;
         let now = self.now;
-        let (sides, links, buf) = (&mut self.sides, &mut self.links, &mut self.buf);
-        let (before, rest) = sides.split_at_mut(from);
-        let (side, after) = rest.split_first_mut().expect("from is a side");
-        for connection in side.connections.values_mut() {
-            while let Some(t) = connection.poll_transmit(now, buf) {
+        // Taken out for the loop, so that the server can look up the client it sends to.
+        let mut connections = std::mem::take(&mut self.sides[from].connections);
+        for connection in connections.values_mut() {
+            while let Some(t) = connection.poll_transmit(now, &mut self.buf) {
                 // The server's datagrams are tagged with the client they go to.
                 let (link, tag) = if from == SERVER {
-                    let mut clients = before.iter().chain(after.iter());
-                    let to = clients.position(|s| s.addr == t.destination);
-                    (1, to.map(|i| if i < from { i } else { i + 1 }))
+                    let to = self.sides.iter().position(|s| s.addr == t.destination);
+                    (1, to)
                 } else {
                     (0, Some(from))
                 };
                 let segment = t.segment_size.unwrap_or(t.size);
                 if let Some(tag) = tag {
-                    for datagram in buf[..t.size].chunks(segment) {
-                        links[link].send(now, datagram, tag);
+                    for datagram in self.buf[..t.size].chunks(segment) {
+                        self.links[link].send(now, datagram, tag);
                     }
                 }
                 sent = true;
             }
         }
+        self.sides[from].connections = connections;
         sent
     }
 
