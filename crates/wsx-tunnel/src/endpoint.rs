@@ -5,9 +5,9 @@
 
 use crate::config::{EndpointConfig, TransportConfig};
 use crate::congestion::PathHint;
-use crate::connection::{self, Connection, PARAMS_MAX_LEN};
-use crate::crypto::{self, PublicKey};
-use crate::packet::{Header, INITIATION_HEADER_LEN, RESPONSE_HEADER_LEN};
+use crate::connection::{Connection, Incoming, Rejected, Setup};
+use crate::crypto::PublicKey;
+use crate::wire::Header;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -128,17 +128,20 @@ impl Endpoint {
         }
         let (handle, local_id) = self.register(peer, true);
         self.by_peer.insert(peer, handle);
-        let connection = Connection::initiate(
-            self.transport.clone(),
+        let setup = self.setup(now, local_id, remote, peer);
+        let connection = Connection::initiate(setup, unix_time, self.config.secret.clone());
+        Ok((handle, connection))
+    }
+
+    fn setup(&self, now: Instant, local_id: u32, remote: SocketAddr, peer: PublicKey) -> Setup {
+        Setup {
+            config: self.transport.clone(),
             now,
-            unix_time,
             local_id,
             remote,
-            self.config.secret.clone(),
             peer,
-            self.hints.get(&peer).copied(),
-        );
-        Ok((handle, connection))
+            hint: self.hints.get(&peer).copied(),
+        }
     }
 
     fn register(&mut self, peer: PublicKey, initiator: bool) -> (ConnectionHandle, u32) {
@@ -193,7 +196,7 @@ impl Endpoint {
             }
         };
         let receiver = match header {
-            Header::Initiation { sender } => return self.accept(now, from, sender, datagram),
+            Header::Initiation { .. } => return self.accept(now, from, datagram),
             Header::Response { receiver, .. } => receiver,
             Header::Data(h) => h.receiver,
             Header::Parity { receiver } => receiver,
@@ -207,36 +210,30 @@ impl Endpoint {
         }
     }
 
-    fn accept(
-        &mut self,
-        now: Instant,
-        from: SocketAddr,
-        sender: u32,
-        datagram: &[u8],
-    ) -> Option<DatagramEvent> {
-        let message = &datagram[INITIATION_HEADER_LEN..];
-        // Initiations are padded to the initiator's datagram size.
-        let mut payload = vec![0u8; message.len()];
-        let header = &datagram[..INITIATION_HEADER_LEN];
-        let (hs, peer, n) = match crypto::accept(&self.config.secret, header, message, &mut payload)
-        {
-            Ok(accepted) => accepted,
+    /// Answers an initiation from a configured peer that is newer than the last one it
+    /// sent; the handshake itself (Noise, parameters, padding) is `connection::Incoming`'s.
+    fn accept(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) -> Option<DatagramEvent> {
+        let incoming = match Incoming::read(&self.config.secret, datagram) {
+            Ok(incoming) => incoming,
             Err(e) => {
-                tracing::trace!(%from, error = %e, "initiation rejected");
+                if let Rejected::Handshake(e) = &e {
+                    tracing::trace!(%from, error = %e, "initiation rejected");
+                }
                 self.stats.handshakes_rejected += 1;
                 return None;
             }
         };
+        let peer = incoming.peer;
         if !self.config.peers.contains(&peer) {
             tracing::debug!(%from, %peer, "initiation from an unknown key");
             self.stats.handshakes_rejected += 1;
             return None;
         }
-        let Ok((timestamp, params)) = connection::parse_initiation_payload(&payload[..n]) else {
-            self.stats.handshakes_rejected += 1;
-            return None;
-        };
-        if self.timestamps.get(&peer).is_some_and(|&t| timestamp <= t) {
+        if self
+            .timestamps
+            .get(&peer)
+            .is_some_and(|&t| incoming.timestamp <= t)
+        {
             self.stats.handshakes_replayed += 1;
             return None;
         }
@@ -247,52 +244,20 @@ impl Endpoint {
                 return None;
             }
         }
-        self.timestamps.insert(peer, timestamp);
+        self.timestamps.insert(peer, incoming.timestamp);
         let (handle, local_id) = self.register(peer, false);
-        // The answer is padded like the initiation, to the initiation's length or our own
-        // datagram size if smaller (never larger than the request): a path that cannot carry
-        // our data packets back fails the handshake too.
-        let target = datagram.len().min(usize::from(self.transport.max_datagram));
-        let padded = target.saturating_sub(RESPONSE_HEADER_LEN + crypto::RESPONSE_OVERHEAD);
-        let mut params_out = vec![0u8; padded.max(4 + PARAMS_MAX_LEN)];
-        let params_len =
-            connection::response_payload(&self.transport, local_id, &mut params_out).max(padded);
-        let mut response = vec![0u8; RESPONSE_HEADER_LEN + crypto::RESPONSE_OVERHEAD + params_len];
-        let mut w = crate::coding::Writer::new(&mut response);
-        Header::Response {
-            sender: local_id,
-            receiver: sender,
-        }
-        .emit(&mut w);
-        let header_len = w.len();
-        let (keys, n) =
-            match crypto::respond(hs, &params_out[..params_len], &mut response[header_len..]) {
-                Ok(done) => done,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot answer an initiation");
-                    self.forget(handle, None);
-                    return None;
-                }
-            };
-        response.truncate(header_len + n);
-        debug_assert!(
-            response.len() <= datagram.len(),
-            "the answer is never larger than the request"
-        );
+        let accepted = match incoming.respond(&self.transport, local_id) {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot answer an initiation");
+                self.forget(handle, None);
+                return None;
+            }
+        };
         self.stats.handshakes_accepted += 1;
         let replaces = self.by_peer.insert(peer, handle);
-        let connection = Connection::accept(
-            self.transport.clone(),
-            now,
-            local_id,
-            sender,
-            from,
-            peer,
-            keys,
-            params,
-            response,
-            self.hints.get(&peer).copied(),
-        );
+        let setup = self.setup(now, local_id, from, peer);
+        let connection = Connection::accept(setup, accepted);
         Some(DatagramEvent::NewConnection {
             handle,
             connection: Box::new(connection),

@@ -1,10 +1,8 @@
 //! Entry points for the fuzz targets in `fuzz/` (feature `fuzzing`): every parser that sees
 //! bytes from the network, reachable without a key. Not a stable API.
 
-use crate::coding::Reader;
 use crate::connection::{self, params::TransportParams};
-use crate::frame::Frames;
-use crate::packet::Header;
+use crate::wire::{Frames, Header, Reader};
 
 /// Runs `data` through every parser that handles untrusted input: the cleartext packet
 /// header, the frames of a decrypted payload, the handshake payload and the transport

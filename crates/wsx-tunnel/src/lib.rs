@@ -14,14 +14,17 @@
 //!   `poll_timeout()` and `poll_event()`. It never reads a clock or touches a socket, so the
 //!   simulation tests run it through hours of a 400 ms, 5 % loss path in milliseconds, the same
 //!   way every time.
-//! - Inside a connection: [`streams`](StreamId) with flow control and a deficit-round-robin
-//!   scheduler; reliability after RFC 9002 (ACK ranges, packet- and time-threshold loss
-//!   detection, probe timeouts); coalesced, rate-limited acknowledgements; a [`Controller`]
+//! - Inside a connection: [`streams`](StreamId) with flow control, served in the order a
+//!   [`Scheduler`] gives (by default [`RoundRobin`], equal shares); reliability after RFC
+//!   9002 (ACK ranges, packet- and time-threshold loss detection, probe timeouts); coalesced, rate-limited acknowledgements; a [`Controller`]
 //!   (the default [`Adaptive`] one decides from the loss *pattern* whether to slow down); and an
 //!   earliest-departure-time pacer that releases ~1 ms bursts sized for one GSO send.
 //! - The `driver` feature adds a tokio + quinn-udp driver.
 //!
-//! The wire format is specified in `PROTOCOL.md` beside this crate.
+//! The wire format is specified in `PROTOCOL.md` beside this crate; the code that reads and
+//! writes it is the `wire` module (headers, frames, stream metadata), and the connection's
+//! sub-state machines (handshake, recovery, acknowledgements, control channel, FEC, timers)
+//! are described in `connection/mod.rs`.
 //!
 //! # Data flow
 //!
@@ -32,7 +35,6 @@
 //!        └─ STREAM ─> RecvBuf (reassembly) ─> app read ─> flow-control credit ─> peer
 //! ```
 
-mod coding;
 mod config;
 pub mod congestion;
 mod connection;
@@ -40,12 +42,10 @@ mod crypto;
 #[cfg(feature = "driver")]
 pub mod driver;
 mod endpoint;
-mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod pacing;
-mod packet;
 mod range_set;
 mod replay;
 mod rtt;
@@ -54,6 +54,7 @@ mod streams;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 pub use config::{EndpointConfig, FecMode, TransportConfig};
 pub use congestion::{
@@ -62,16 +63,15 @@ pub use congestion::{
 };
 pub use connection::{
     CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, Connection, ConnectionError, ConnectionStats,
-    ControlError, Event, FecStats, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES, Transmit,
+    ControlError, Event, FecStats, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES, Transmit, TransportError,
 };
 pub use crypto::{
     KEY_LEN, KEY_UPDATE_INTERVAL, KEY_UPDATE_PACKETS, KeyError, PublicKey, SecretKey,
 };
 pub use endpoint::{ConnectError, ConnectionHandle, DatagramEvent, Endpoint, EndpointStats};
-pub use frame::{MAX_HINT_LEN, MAX_NAME_LEN};
-pub use packet::PROTOCOL_VERSION;
 pub use rtt::RttEstimator;
-pub use streams::{Schedule, StreamError, StreamId, StreamMeta, Target};
+pub use streams::{RoundRobin, Scheduler, StreamError, Turn};
+pub use wire::{MAX_HINT_LEN, MAX_NAME_LEN, PROTOCOL_VERSION, StreamId, StreamMeta, Target};
 
 /// One real instant for tests to count virtual time from. Simulations never read the clock
 /// again.

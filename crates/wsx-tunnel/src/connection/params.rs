@@ -1,8 +1,8 @@
 //! Transport parameters: the limits each side declares in its handshake message
 //! (PROTOCOL.md §3.3), encrypted inside the Noise payload.
 
-use crate::coding::{Reader, Truncated, Writer};
 use crate::config::TransportConfig;
+use crate::wire::coding::{Reader, Truncated, Writer};
 use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,8 @@
 //! with `tokio::io::copy_bidirectional`.
 
 use super::{Link, LinkState, StreamSlot, register_once};
-use crate::streams::{Schedule, StreamError, StreamId, StreamMeta};
+use crate::streams::StreamError;
+use crate::wire::{StreamId, StreamMeta};
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -52,16 +53,6 @@ impl Stream {
     /// The addresses, scenario and hint the stream was opened with.
     pub fn meta(&self) -> &StreamMeta {
         &self.meta
-    }
-
-    /// Changes the stream's priority, weight and rate cap.
-    pub fn set_schedule(&self, schedule: Schedule) -> Result<(), StreamError> {
-        self.link
-            .lock()
-            .connection
-            .set_schedule(self.id, schedule)?;
-        self.link.touch();
-        Ok(())
     }
 
     /// Abandons both directions; the peer sees `code`.

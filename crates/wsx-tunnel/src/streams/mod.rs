@@ -5,130 +5,21 @@
 //! control, can be half-closed (finish) and reset (abort both ways). This module holds all
 //! stream state; the connection asks it for frames to send and feeds it frames received.
 //!
-//! Scheduling: streams with something to send wait in one of eight priority levels; the
-//! highest non-empty level is served first, and inside a level deficit round robin shares the
-//! bytes in proportion to each stream's weight (equal by default). A stream may also have a
-//! rate cap (a token bucket). The shaper drives these through [`Schedule`].
+//! Scheduling: streams with something to send wait in a [`Scheduler`], which says whose turn
+//! it is; the default, [`RoundRobin`], shares the bytes equally.
 
 mod recv;
+mod scheduler;
 mod send;
 
-use crate::coding::Writer;
-use crate::frame::{self, StreamFrame};
+use crate::wire::frame::{Frame, StreamFrame, StreamHeader};
+use crate::wire::{MAX_HINT_LEN, MAX_NAME_LEN, StreamId, StreamMeta, Target, Writer};
 use recv::{RecvBuf, RecvError};
+pub use scheduler::{RoundRobin, Scheduler, Turn};
 use send::SendBuf;
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
-/// Identifies a stream within a connection. The low bit tells which side opened it (0: the
-/// side that initiated the connection); the rest is a counter, never reused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamId(pub(crate) u64);
-
-impl StreamId {
-    fn new(initiator: bool, index: u64) -> Self {
-        Self(index << 1 | u64::from(!initiator))
-    }
-
-    /// Whether the connection's initiator opened this stream.
-    pub fn opened_by_initiator(self) -> bool {
-        self.0 & 1 == 0
-    }
-
-    fn index(self) -> u64 {
-        self.0 >> 1
-    }
-}
-
-impl fmt::Display for StreamId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl From<StreamId> for u64 {
-    fn from(id: StreamId) -> u64 {
-        id.0
-    }
-}
-
-/// What a stream carries besides its bytes, sent when it is opened.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StreamMeta {
-    /// The TCP client's address, as the gateway that accepted it saw it.
-    pub source: Option<SocketAddr>,
-    /// Where the far gateway connects: the address the client connected to, or a name.
-    pub destination: Option<Target>,
-    /// The client was intercepted on the near gateway's LAN, so the far gateway may connect
-    /// from its address (transparent origin). False for clients of an explicit entry point
-    /// (a forwarding listener, SOCKS), whose address means nothing at the far site.
-    pub transparent: bool,
-    /// The shaping scenario the connection was classified into.
-    pub scenario: u32,
-    /// Up to [`frame::MAX_HINT_LEN`] bytes for the application (e.g. "smb2").
-    pub hint: Vec<u8>,
-}
-
-/// Where the far gateway connects a stream.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// An address: an intercepted connection's original destination, or a literal.
-    Addr(SocketAddr),
-    /// A host name, 1 to [`frame::MAX_NAME_LEN`] bytes, that the far gateway resolves.
-    Name { host: String, port: u16 },
-}
-
-impl Target {
-    pub fn port(&self) -> u16 {
-        match self {
-            Target::Addr(a) => a.port(),
-            Target::Name { port, .. } => *port,
-        }
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Target::Addr(a) => write!(f, "{a}"),
-            Target::Name { host, port } => write!(f, "{host}:{port}"),
-        }
-    }
-}
-
-impl From<SocketAddr> for Target {
-    fn from(a: SocketAddr) -> Self {
-        Target::Addr(a)
-    }
-}
-
-/// How the scheduler treats a stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Schedule {
-    /// 0 (served first) to 7.
-    pub priority: u8,
-    /// Share of the bytes relative to other streams of the same priority; at least 1.
-    pub weight: u32,
-    /// A cap on the stream's sending rate, bytes per second.
-    pub max_rate: Option<u64>,
-}
-
-impl Default for Schedule {
-    fn default() -> Self {
-        Self {
-            priority: 3,
-            weight: 1,
-            max_rate: None,
-        }
-    }
-}
-
-/// Priority levels.
-const LEVELS: usize = 8;
-/// Bytes of credit a weight-1 stream gets per round-robin turn.
-const QUANTUM: i64 = 1200;
 /// A stream buffer that empties gives memory back above this capacity.
 const SHRINK_ABOVE: usize = 64 * 1024;
 /// A stream may always buffer this much for sending, whatever its share of the connection's
@@ -155,10 +46,10 @@ pub enum StreamError {
     /// The peer allows no more streams now.
     #[error("the peer's stream limit is reached")]
     TooManyStreams,
-    /// The hint is longer than [`frame::MAX_HINT_LEN`].
+    /// The hint is longer than [`MAX_HINT_LEN`].
     #[error("hint longer than 255 bytes")]
     HintTooLong,
-    /// A destination name is empty or longer than [`frame::MAX_NAME_LEN`].
+    /// A destination name is empty or longer than [`MAX_NAME_LEN`].
     #[error("destination name empty or longer than 255 bytes")]
     BadName,
 }
@@ -236,10 +127,8 @@ struct Stream {
     reset: ResetState,
     /// The highest offset sent before a local reset: the final size the RESET declares.
     reset_final_size: u64,
-    schedule: Schedule,
-    deficit: i64,
+    /// Waiting in the scheduler.
     queued: bool,
-    bucket: Option<TokenBucket>,
     readable_notified: bool,
     write_blocked: bool,
     /// The application was told the end (`read` returned `Ok(None)`). Until then the stream
@@ -259,10 +148,7 @@ impl Stream {
             max_stream_data_queued: false,
             reset: ResetState::None,
             reset_final_size: 0,
-            schedule: Schedule::default(),
-            deficit: 0,
             queued: false,
-            bucket: None,
             readable_notified: false,
             write_blocked: false,
             end_read: false,
@@ -332,9 +218,7 @@ pub(crate) struct Streams {
     /// Streams whose sending direction is still open: the connection's send buffer is shared
     /// among them.
     senders: u64,
-    levels: [VecDeque<StreamId>; LEVELS],
-    /// Streams whose rate cap stopped them, and when they may send again.
-    throttled: Vec<(StreamId, Instant)>,
+    scheduler: Box<dyn Scheduler>,
     resets: VecDeque<StreamId>,
     max_stream_data: VecDeque<StreamId>,
     write_blocked: Vec<StreamId>,
@@ -362,8 +246,7 @@ impl Streams {
             max_data_queued: false,
             buffered: 0,
             senders: 0,
-            levels: Default::default(),
-            throttled: Vec::new(),
+            scheduler: Box::new(RoundRobin::default()),
             resets: VecDeque::new(),
             max_stream_data: VecDeque::new(),
             write_blocked: Vec::new(),
@@ -388,11 +271,11 @@ impl Streams {
     }
 
     pub(crate) fn open(&mut self, meta: StreamMeta) -> Result<StreamId, StreamError> {
-        if meta.hint.len() > frame::MAX_HINT_LEN {
+        if meta.hint.len() > MAX_HINT_LEN {
             return Err(StreamError::HintTooLong);
         }
         if let Some(Target::Name { host, .. }) = &meta.destination {
-            if host.is_empty() || host.len() > frame::MAX_NAME_LEN {
+            if host.is_empty() || host.len() > MAX_NAME_LEN {
                 return Err(StreamError::BadName);
             }
         }
@@ -417,29 +300,13 @@ impl Streams {
         self.map.get(&id)?.meta.as_ref()
     }
 
-    pub(crate) fn set_schedule(
-        &mut self,
-        id: StreamId,
-        schedule: Schedule,
-    ) -> Result<(), StreamError> {
-        let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
-        let schedule = Schedule {
-            priority: schedule.priority.min(LEVELS as u8 - 1),
-            weight: schedule.weight.max(1),
-            max_rate: schedule.max_rate,
-        };
-        let moved = stream.queued && stream.schedule.priority != schedule.priority;
-        if moved {
-            let level = &mut self.levels[usize::from(stream.schedule.priority)];
-            level.retain(|&s| s != id);
-            stream.queued = false;
+    /// Hands the order of sending to `scheduler`; the streams queued now move to it.
+    pub(crate) fn set_scheduler(&mut self, mut scheduler: Box<dyn Scheduler>) {
+        while let Some(turn) = self.scheduler.next() {
+            self.scheduler.remove(turn.id);
+            scheduler.push(turn.id);
         }
-        stream.bucket = schedule.max_rate.map(TokenBucket::new);
-        stream.schedule = schedule;
-        if moved {
-            self.enqueue(id);
-        }
-        Ok(())
+        self.scheduler = scheduler;
     }
 
     pub(crate) fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
@@ -575,7 +442,7 @@ impl Streams {
         };
         if !stream.queued && stream.wants_to_send(conn_credit) {
             stream.queued = true;
-            self.levels[usize::from(stream.schedule.priority)].push_back(id);
+            self.scheduler.push(id);
         }
     }
 
@@ -596,7 +463,7 @@ impl Streams {
         self.buffered -= stream.send.buffered() as u64;
         self.senders -= u64::from(!stream.send.is_finished() && stream.reset == ResetState::None);
         if stream.queued {
-            self.levels[usize::from(stream.schedule.priority)].retain(|&s| s != id);
+            self.scheduler.remove(id);
         }
         if id.opened_by_initiator() != self.initiator {
             self.remote_closed += 1;
@@ -614,12 +481,7 @@ impl Streams {
             || self.max_streams_queued
             || !self.resets.is_empty()
             || !self.max_stream_data.is_empty()
-            || self.levels.iter().any(|l| !l.is_empty())
-    }
-
-    /// When a rate-capped stream may send again.
-    pub(crate) fn next_unthrottle(&self) -> Option<Instant> {
-        self.throttled.iter().map(|&(_, at)| at).min()
+            || !self.scheduler.is_empty()
     }
 
     /// Writes control frames (credit, resets) that fit in `w`, recording them in `sent`.
@@ -628,32 +490,23 @@ impl Streams {
         w: &mut Writer<'_>,
         sent: &mut Vec<StreamFrameSent>,
     ) {
-        if self.max_data_queued {
-            let values = [self.recv_max_data];
-            if frame::varint_frame_len(frame::MAX_DATA, &values) <= w.remaining() {
-                frame::emit_varint_frame(w, frame::MAX_DATA, &values);
-                sent.push(StreamFrameSent::MaxData);
-                self.max_data_queued = false;
-            }
+        if self.max_data_queued && Frame::MaxData(self.recv_max_data).encode_if_fits(w) {
+            sent.push(StreamFrameSent::MaxData);
+            self.max_data_queued = false;
         }
-        if self.max_streams_queued {
-            let values = [self.max_remote];
-            if frame::varint_frame_len(frame::MAX_STREAMS, &values) <= w.remaining() {
-                frame::emit_varint_frame(w, frame::MAX_STREAMS, &values);
-                sent.push(StreamFrameSent::MaxStreams);
-                self.max_streams_queued = false;
-            }
+        if self.max_streams_queued && Frame::MaxStreams(self.max_remote).encode_if_fits(w) {
+            sent.push(StreamFrameSent::MaxStreams);
+            self.max_streams_queued = false;
         }
         while let Some(&id) = self.max_stream_data.front() {
             let Some(stream) = self.map.get_mut(&id) else {
                 self.max_stream_data.pop_front();
                 continue;
             };
-            let values = [id.0, stream.recv_max];
-            if frame::varint_frame_len(frame::MAX_STREAM_DATA, &values) > w.remaining() {
+            let max = stream.recv_max;
+            if !(Frame::MaxStreamData { id, max }).encode_if_fits(w) {
                 break;
             }
-            frame::emit_varint_frame(w, frame::MAX_STREAM_DATA, &values);
             stream.max_stream_data_queued = false;
             sent.push(StreamFrameSent::MaxStreamData(id));
             self.max_stream_data.pop_front();
@@ -667,11 +520,15 @@ impl Streams {
                 self.resets.pop_front();
                 continue;
             };
-            let values = [id.0, code, stream.reset_final_size];
-            if frame::varint_frame_len(frame::RESET, &values) > w.remaining() {
+            let final_size = stream.reset_final_size;
+            let reset = Frame::Reset {
+                id,
+                code,
+                final_size,
+            };
+            if !reset.encode_if_fits(w) {
                 break;
             }
-            frame::emit_varint_frame(w, frame::RESET, &values);
             stream.reset = ResetState::LocalSent { code };
             sent.push(StreamFrameSent::Reset(id));
             self.resets.pop_front();
@@ -682,94 +539,77 @@ impl Streams {
     /// nothing is left; records them in `sent`. Returns the stream bytes written.
     pub(crate) fn write_stream_frames(
         &mut self,
-        now: Instant,
         w: &mut Writer<'_>,
         sent: &mut Vec<StreamFrameSent>,
     ) -> usize {
-        self.release_throttled(now);
         let mut total = 0;
-        'levels: for level in 0..LEVELS {
-            while let Some(&id) = self.levels[level].front() {
-                // The smallest useful frame: a header and a few bytes.
-                if w.remaining() < 24 {
-                    break 'levels;
+        // The smallest useful frame: a header and a few bytes.
+        while w.remaining() >= 24 {
+            let Some(turn) = self.scheduler.next() else {
+                break;
+            };
+            let id = turn.id;
+            let conn_credit = self.send_max_data - self.sent_data;
+            let Some(stream) = self
+                .map
+                .get_mut(&id)
+                .filter(|s| s.wants_to_send(conn_credit))
+            else {
+                if let Some(stream) = self.map.get_mut(&id) {
+                    stream.queued = false;
                 }
-                let conn_credit = self.send_max_data - self.sent_data;
-                let Some(stream) = self.map.get_mut(&id) else {
-                    self.levels[level].pop_front();
-                    continue;
+                self.scheduler.remove(id);
+                continue;
+            };
+            if stream.open == OpenState::Pending {
+                let meta = stream
+                    .meta
+                    .as_ref()
+                    .expect("local streams carry their metadata");
+                let open = Frame::Open {
+                    id,
+                    meta: Cow::Borrowed(meta),
                 };
-                if !stream.wants_to_send(conn_credit) {
-                    stream.queued = false;
-                    stream.deficit = 0;
-                    self.levels[level].pop_front();
-                    continue;
+                if !open.encode_if_fits(w) {
+                    break;
                 }
-                if let Some(bucket) = &mut stream.bucket {
-                    if let Some(at) = bucket.ready_at(now) {
-                        stream.queued = false;
-                        self.levels[level].pop_front();
-                        self.throttled.push((id, at));
-                        continue;
-                    }
-                }
-                if stream.deficit <= 0 {
-                    stream.deficit += QUANTUM * i64::from(stream.schedule.weight);
-                    self.levels[level].rotate_left(1);
-                    continue;
-                }
-                if stream.open == OpenState::Pending {
-                    let meta = stream
-                        .meta
-                        .as_ref()
-                        .expect("local streams carry their metadata");
-                    if frame::open_len(id, meta) > w.remaining() {
-                        break 'levels;
-                    }
-                    frame::emit_open(w, id, meta);
-                    stream.open = OpenState::Sent;
-                    sent.push(StreamFrameSent::Open(id));
-                }
-                let limit = stream.send_max.min(stream.send.sent_offset() + conn_credit);
-                let before = stream.send.sent_offset();
-                let header = frame::stream_header_len(id, stream.send.written(), w.remaining());
-                let room = w.remaining().saturating_sub(header);
-                if let Some(chunk) = stream.send.next_chunk(room, limit) {
-                    frame::emit_stream_header(w, id, chunk.offset, chunk.len, chunk.fin);
-                    stream.send.copy(chunk.offset, w.reserve(chunk.len));
-                    sent.push(StreamFrameSent::Data {
-                        id,
-                        offset: chunk.offset,
-                        len: chunk.len as u32,
-                        fin: chunk.fin,
-                    });
-                    stream.deficit -= chunk.len as i64;
-                    if let Some(bucket) = &mut stream.bucket {
-                        bucket.take(now, chunk.len as u64);
-                    }
-                    total += chunk.len;
-                    self.sent_data += stream.send.sent_offset() - before;
-                }
-                if !stream.wants_to_send(self.send_max_data - self.sent_data) {
-                    stream.queued = false;
-                    stream.deficit = 0;
-                    self.levels[level].pop_front();
-                }
+                stream.open = OpenState::Sent;
+                sent.push(StreamFrameSent::Open(id));
             }
+            let limit = stream.send_max.min(stream.send.sent_offset() + conn_credit);
+            let before = stream.send.sent_offset();
+            let longest = StreamHeader {
+                id,
+                offset: stream.send.written(),
+                len: w.remaining(),
+                fin: false,
+            };
+            let room = (w.remaining().saturating_sub(longest.encoded_len())).min(turn.max_bytes);
+            let mut bytes = 0;
+            if let Some(chunk) = stream.send.next_chunk(room, limit) {
+                let header = StreamHeader {
+                    id,
+                    offset: chunk.offset,
+                    len: chunk.len,
+                    fin: chunk.fin,
+                };
+                header.encode(w);
+                stream.send.copy(chunk.offset, w.reserve(chunk.len));
+                sent.push(StreamFrameSent::Data {
+                    id,
+                    offset: chunk.offset,
+                    len: chunk.len as u32,
+                    fin: chunk.fin,
+                });
+                bytes = chunk.len;
+                total += chunk.len;
+                self.sent_data += stream.send.sent_offset() - before;
+            }
+            let more = stream.wants_to_send(self.send_max_data - self.sent_data);
+            stream.queued = more;
+            self.scheduler.sent(id, bytes, more);
         }
         total
-    }
-
-    fn release_throttled(&mut self, now: Instant) {
-        let mut i = 0;
-        while i < self.throttled.len() {
-            if self.throttled[i].1 <= now {
-                let (id, _) = self.throttled.swap_remove(i);
-                self.enqueue(id);
-            } else {
-                i += 1;
-            }
-        }
     }
 
     /// A packet carrying `frame` was acknowledged.
@@ -1004,54 +844,5 @@ impl Streams {
 
     pub(crate) fn on_max_streams(&mut self, max: u64) {
         self.max_local = self.max_local.max(max);
-    }
-}
-
-/// A token bucket for a stream's rate cap: `rate` bytes per second, up to 10 ms of burst.
-#[derive(Debug, Clone, Copy)]
-struct TokenBucket {
-    rate: u64,
-    tokens: i64,
-    updated: Option<Instant>,
-}
-
-const BUCKET_DEPTH: Duration = Duration::from_millis(10);
-
-impl TokenBucket {
-    fn new(rate: u64) -> Self {
-        Self {
-            rate: rate.max(1),
-            tokens: 0,
-            updated: None,
-        }
-    }
-
-    fn depth(&self) -> i64 {
-        crate::congestion::bytes_in(self.rate, BUCKET_DEPTH).max(1500) as i64
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let elapsed = self
-            .updated
-            .map_or(BUCKET_DEPTH, |t| now.saturating_duration_since(t));
-        let add = crate::congestion::bytes_in(self.rate, elapsed) as i64;
-        self.tokens = (self.tokens + add).min(self.depth());
-        self.updated = Some(now);
-    }
-
-    /// When tokens will be available, if not now.
-    fn ready_at(&mut self, now: Instant) -> Option<Instant> {
-        self.refill(now);
-        if self.tokens > 0 {
-            return None;
-        }
-        let missing = (1 - self.tokens) as u64;
-        let nanos = u128::from(missing) * 1_000_000_000 / u128::from(self.rate);
-        Some(now + Duration::from_nanos(nanos.min(u128::from(u64::MAX)) as u64))
-    }
-
-    fn take(&mut self, now: Instant, bytes: u64) {
-        self.refill(now);
-        self.tokens -= bytes as i64;
     }
 }

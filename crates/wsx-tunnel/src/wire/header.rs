@@ -3,8 +3,14 @@
 //! Four packet types share the first byte. Handshake packets carry the Noise messages; data
 //! packets carry the receiver's connection id, in the clear, so that one socket can serve many
 //! peers and a peer may change address, and the packet number, which is the AEAD nonce.
+//!
+//! Two views, as smoltcp has them: [`Header`] is the parsed representation (`parse`/`emit`),
+//! and [`Packet`] is a checked view of a whole datagram that hands out its parts (header
+//! bytes, body, and for a data packet the sealed payload and its tag) without the caller
+//! slicing by header lengths.
 
-use crate::coding::{Reader, Truncated, Writer};
+use super::coding::{Reader, Truncated, Writer};
+use crate::crypto::TAG_LEN;
 
 /// The protocol version this implementation speaks. Handshake packets carry it; a peer speaking
 /// another version gets no answer (answering would let a forged packet draw traffic).
@@ -111,8 +117,8 @@ impl Header {
         }
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// The header's size on the wire; the packet's body follows it.
+    pub(crate) fn len(&self) -> usize {
         match self {
             Self::Initiation { .. } => INITIATION_HEADER_LEN,
             Self::Response { .. } => RESPONSE_HEADER_LEN,
@@ -151,6 +157,78 @@ impl Header {
                 w.u32(receiver);
             }
         }
+    }
+}
+
+/// A received datagram with a parsed header. `new_checked` refuses a datagram too short for
+/// its type (a data packet must hold at least the AEAD tag), so the accessors never panic.
+#[derive(Debug)]
+pub(crate) struct Packet<T> {
+    buffer: T,
+    header: Header,
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    pub(crate) fn new_checked(buffer: T) -> Result<Self, HeaderError> {
+        let header = Header::parse(buffer.as_ref())?;
+        let min = match header {
+            Header::Data(_) => DATA_HEADER_LEN + TAG_LEN,
+            _ => header.len(),
+        };
+        if buffer.as_ref().len() < min {
+            return Err(HeaderError::Truncated);
+        }
+        Ok(Self { buffer, header })
+    }
+
+    pub(crate) fn header(&self) -> Header {
+        self.header
+    }
+
+    /// The header's bytes (a data packet's are the AEAD's associated data).
+    pub(crate) fn header_bytes(&self) -> &[u8] {
+        &self.buffer.as_ref()[..self.header.len()]
+    }
+
+    /// What follows the header: a Noise message, a parity description and shard, or a
+    /// sealed payload with its tag.
+    pub(crate) fn body(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.header.len()..]
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.buffer.as_ref().len()
+    }
+}
+
+impl<T: AsRef<[u8]>> Packet<T> {
+    /// A data packet's payload between the header and the tag (plaintext once opened).
+    pub(crate) fn payload(&self) -> &[u8] {
+        let body = self.body();
+        match self.header {
+            Header::Data(_) => &body[..body.len() - TAG_LEN],
+            _ => body,
+        }
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// The whole datagram, for callers that keep a sealed copy.
+    pub(crate) fn buffer_mut(&mut self) -> &mut [u8] {
+        self.buffer.as_mut()
+    }
+
+    /// A data packet's parts for opening in place: the header (associated data), the sealed
+    /// payload and the tag. For other packet types the payload is the body and the tag empty.
+    pub(crate) fn sealed_mut(&mut self) -> (&[u8], &mut [u8], &mut [u8]) {
+        let header_len = self.header.len();
+        let tag_len = match self.header {
+            Header::Data(_) => TAG_LEN,
+            _ => 0,
+        };
+        let (header, rest) = self.buffer.as_mut().split_at_mut(header_len);
+        let (payload, tag) = rest.split_at_mut(rest.len() - tag_len);
+        (header, payload, tag)
     }
 }
 
@@ -196,6 +274,35 @@ mod tests {
             }
         }
         round_trip(Header::Parity { receiver: 9 });
+    }
+
+    #[test]
+    fn a_packet_view_splits_a_data_packet_and_refuses_short_ones() {
+        let header = Header::Data(DataHeader {
+            receiver: 7,
+            key_phase: false,
+            protected: false,
+            number: 9,
+        });
+        let mut buf = vec![0u8; DATA_HEADER_LEN + 3 + TAG_LEN];
+        header.emit(&mut Writer::new(&mut buf));
+        let mut packet = Packet::new_checked(&mut buf[..]).unwrap();
+        assert_eq!(packet.header(), header);
+        assert_eq!(packet.body().len(), 3 + TAG_LEN);
+        let (h, payload, tag) = packet.sealed_mut();
+        assert_eq!(
+            (h.len(), payload.len(), tag.len()),
+            (DATA_HEADER_LEN, 3, TAG_LEN)
+        );
+        // A data packet without room for its tag is refused, even though its header parses.
+        assert_eq!(
+            Packet::new_checked(&buf[..DATA_HEADER_LEN + TAG_LEN - 1]).unwrap_err(),
+            HeaderError::Truncated
+        );
+        let parity = Header::Parity { receiver: 1 };
+        let mut buf = [0u8; PARITY_HEADER_LEN + 10];
+        parity.emit(&mut Writer::new(&mut buf));
+        assert_eq!(Packet::new_checked(&buf[..]).unwrap().body().len(), 10);
     }
 
     #[test]

@@ -1,39 +1,38 @@
 //! Frames: the decrypted payload of a data packet is a sequence of frames (PROTOCOL.md §4).
 //!
-//! [`Frames`] parses a payload lazily and never panics: malformed input yields a
-//! [`FrameError`], which closes the connection. Emitters write into a caller's buffer and
-//! report their size beforehand so that packets are filled exactly.
+//! One type, [`Frame`], both ways: [`Frames`] parses a payload lazily and never panics
+//! (malformed input yields a [`FrameError`], which closes the connection), and
+//! [`Frame::encode`] writes a frame into a caller's buffer after [`Frame::encoded_len`] said
+//! whether it fits, so that packets are filled exactly. STREAM frames are the one frame whose
+//! bytes the sender does not hold in a slice (they are copied from the send buffer straight
+//! into the packet): [`StreamHeader`] writes their header and the caller the data.
 
-use crate::coding::{Reader, Truncated, Writer, varint_len};
-use crate::streams::{StreamId, StreamMeta, Target};
+use super::coding::{Reader, Truncated, VARINT_MAX, Writer, varint_len};
+use super::stream::{StreamId, StreamMeta, Target};
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::ops::RangeInclusive;
+use std::ops::{Range, RangeInclusive};
 
-pub(crate) const PADDING: u64 = 0x00;
-pub(crate) const PING: u64 = 0x01;
-pub(crate) const ACK: u64 = 0x02;
-pub(crate) const CLOSE: u64 = 0x03;
-pub(crate) const MAX_DATA: u64 = 0x04;
-pub(crate) const MAX_STREAM_DATA: u64 = 0x05;
-pub(crate) const MAX_STREAMS: u64 = 0x06;
-pub(crate) const CONTROL: u64 = 0x07;
-pub(crate) const OPEN: u64 = 0x08;
-pub(crate) const RESET: u64 = 0x09;
+const PADDING: u64 = 0x00;
+const PING: u64 = 0x01;
+const ACK: u64 = 0x02;
+const CLOSE: u64 = 0x03;
+const MAX_DATA: u64 = 0x04;
+const MAX_STREAM_DATA: u64 = 0x05;
+const MAX_STREAMS: u64 = 0x06;
+const CONTROL: u64 = 0x07;
+const OPEN: u64 = 0x08;
+const RESET: u64 = 0x09;
 /// Packets the receiver rebuilt from parity: laid out as ACK, with a zero delay.
-pub(crate) const RECOVERED: u64 = 0x0a;
+const RECOVERED: u64 = 0x0a;
 /// STREAM frames use types 0x10-0x13: bit 0 is FIN, bit 1 says an explicit length follows.
-pub(crate) const STREAM: u64 = 0x10;
+const STREAM: u64 = 0x10;
 const STREAM_FIN: u64 = 0x01;
 const STREAM_LEN: u64 = 0x02;
 
 /// The most ACK ranges a frame may carry. Senders write fewer when space is short; a frame
 /// with more is malformed.
 pub(crate) const MAX_ACK_RANGES: usize = 32;
-/// The longest application hint an OPEN frame carries.
-pub const MAX_HINT_LEN: usize = 255;
-
-/// The longest destination name an OPEN frame carries (a DNS name is at most 253).
-pub const MAX_NAME_LEN: usize = 255;
 /// The longest reason a CLOSE frame carries.
 pub(crate) const MAX_REASON_LEN: usize = 256;
 
@@ -63,7 +62,8 @@ pub(crate) enum Frame<'a> {
     },
     Open {
         id: StreamId,
-        meta: StreamMeta,
+        /// Borrowed when sending, owned when parsed.
+        meta: Cow<'a, StreamMeta>,
     },
     Reset {
         id: StreamId,
@@ -81,11 +81,34 @@ pub(crate) struct StreamFrame<'a> {
     pub(crate) data: &'a [u8],
 }
 
-/// An ACK frame: the largest packet number received, how long the receiver held it before
-/// acknowledging, and the received ranges, highest first.
+/// The header of a STREAM frame with an explicit length; `len` data bytes follow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamHeader {
+    pub(crate) id: StreamId,
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+    pub(crate) fin: bool,
+}
+
+impl StreamHeader {
+    pub(crate) fn encoded_len(&self) -> usize {
+        1 + varint_len(self.id.0) + varint_len(self.offset) + varint_len(self.len as u64)
+    }
+
+    pub(crate) fn encode(&self, w: &mut Writer<'_>) {
+        w.varint(STREAM | STREAM_LEN | if self.fin { STREAM_FIN } else { 0 });
+        w.varint(self.id.0);
+        w.varint(self.offset);
+        w.varint(self.len as u64);
+    }
+}
+
+/// An ACK (or RECOVERED) frame: the received ranges, highest first, and for an ACK how long
+/// the receiver held the largest before acknowledging.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Ack {
     pub(crate) delay_us: u64,
+    /// Inclusive (start, end) pairs, highest first; `count` of them are used.
     ranges: [(u64, u64); MAX_ACK_RANGES],
     count: usize,
 }
@@ -98,6 +121,93 @@ impl Ack {
     /// Acknowledged ranges, inclusive, highest first.
     pub(crate) fn ranges(&self) -> impl Iterator<Item = RangeInclusive<u64>> + '_ {
         self.ranges[..self.count].iter().map(|&(s, e)| s..=e)
+    }
+
+    /// The frame for the highest of `ranges` (packet numbers received, ascending, half-open)
+    /// that fit in `room` bytes as a frame of `ty` (at most [`MAX_ACK_RANGES`]); `None` when
+    /// there is no range or not even one fits.
+    fn fit(
+        ty: u64,
+        ranges: impl DoubleEndedIterator<Item = Range<u64>>,
+        delay_us: u64,
+        room: usize,
+    ) -> Option<Self> {
+        let mut ranges = ranges.rev();
+        let top = ranges.next()?;
+        let largest = top.end - 1;
+        let head_len = |count: usize| {
+            varint_len(ty) + varint_len(largest) + varint_len(delay_us) + varint_len(count as u64)
+        };
+        let mut ack = Ack {
+            delay_us,
+            ranges: [(0, 0); MAX_ACK_RANGES],
+            count: 1,
+        };
+        ack.ranges[0] = (top.start, largest);
+        let mut body = varint_len(largest - top.start);
+        if head_len(1) + body > room {
+            return None;
+        }
+        for range in ranges.take(MAX_ACK_RANGES - 1) {
+            let low = ack.ranges[ack.count - 1].0;
+            let end = range.end - 1;
+            let add = varint_len(low - end - 2) + varint_len(end - range.start);
+            if head_len(ack.count + 1) + body + add > room {
+                break;
+            }
+            body += add;
+            ack.ranges[ack.count] = (range.start, end);
+            ack.count += 1;
+        }
+        Some(ack)
+    }
+
+    /// An ACK frame for what `ranges` (received, ascending, half-open) holds, as much as
+    /// fits in `room` bytes.
+    pub(crate) fn acknowledging(
+        ranges: impl DoubleEndedIterator<Item = Range<u64>>,
+        delay_us: u64,
+        room: usize,
+    ) -> Option<Self> {
+        Self::fit(ACK, ranges, delay_us, room)
+    }
+
+    /// A RECOVERED frame for `ranges`, as [`Ack::acknowledging`] builds an ACK.
+    pub(crate) fn recovering(
+        ranges: impl DoubleEndedIterator<Item = Range<u64>>,
+        room: usize,
+    ) -> Option<Self> {
+        Self::fit(RECOVERED, ranges, 0, room)
+    }
+
+    fn encoded_len(&self, ty: u64) -> usize {
+        let (mut len, mut low) = (0, self.ranges[0].0);
+        len += varint_len(ty)
+            + varint_len(self.largest())
+            + varint_len(self.delay_us)
+            + varint_len(self.count as u64)
+            + varint_len(self.largest() - low);
+        for &(start, end) in &self.ranges[1..self.count] {
+            len += varint_len(low - end - 2) + varint_len(end - start);
+            low = start;
+        }
+        len
+    }
+
+    fn encode(&self, ty: u64, w: &mut Writer<'_>) {
+        let mut low = self.ranges[0].0;
+        w.varint(ty);
+        w.varint(self.largest());
+        w.varint(self.delay_us);
+        w.varint(self.count as u64);
+        // First range: `first` packets below `largest` are acknowledged too; then `gap`
+        // unacknowledged packets and a range of `len + 1`, repeatedly.
+        w.varint(self.largest() - low);
+        for &(start, end) in &self.ranges[1..self.count] {
+            w.varint(low - end - 2);
+            w.varint(end - start);
+            low = start;
+        }
     }
 }
 
@@ -114,6 +224,141 @@ pub(crate) enum FrameError {
 impl From<Truncated> for FrameError {
     fn from(_: Truncated) -> Self {
         Self::Truncated
+    }
+}
+
+impl Frame<'_> {
+    /// The frame's type on the wire (for a STREAM frame, the base type 0x10).
+    pub(crate) fn ty(&self) -> u64 {
+        match self {
+            Frame::Padding => PADDING,
+            Frame::Ping => PING,
+            Frame::Ack(_) => ACK,
+            Frame::Recovered(_) => RECOVERED,
+            Frame::Close { .. } => CLOSE,
+            Frame::MaxData(_) => MAX_DATA,
+            Frame::MaxStreamData { .. } => MAX_STREAM_DATA,
+            Frame::MaxStreams(_) => MAX_STREAMS,
+            Frame::Control { .. } => CONTROL,
+            Frame::Open { .. } => OPEN,
+            Frame::Reset { .. } => RESET,
+            Frame::Stream(_) => STREAM,
+        }
+    }
+
+    /// Whether receiving the frame obliges the receiver to acknowledge its packet.
+    pub(crate) fn is_ack_eliciting(&self) -> bool {
+        !matches!(
+            self,
+            Frame::Ack(_) | Frame::Recovered(_) | Frame::Padding | Frame::Close { .. }
+        )
+    }
+
+    /// The bytes [`Frame::encode`] writes.
+    pub(crate) fn encoded_len(&self) -> usize {
+        let ty = varint_len(self.ty());
+        match self {
+            Frame::Padding | Frame::Ping => ty,
+            Frame::Ack(ack) | Frame::Recovered(ack) => ack.encoded_len(self.ty()),
+            Frame::Close { code, reason } => {
+                ty + varint_len(*code) + varint_len(reason.len() as u64) + reason.len()
+            }
+            Frame::MaxData(max) | Frame::MaxStreams(max) => ty + varint_len(*max),
+            Frame::MaxStreamData { id, max } => ty + varint_len(id.0) + varint_len(*max),
+            Frame::Control { seq, data } => {
+                ty + varint_len(*seq) + varint_len(data.len() as u64) + data.len()
+            }
+            Frame::Open { id, meta } => {
+                ty + varint_len(id.0)
+                    + varint_len(u64::from(meta.scenario))
+                    + 1
+                    + addr_len(&meta.source)
+                    + target_len(&meta.destination)
+                    + 1
+                    + meta.hint.len()
+            }
+            Frame::Reset {
+                id,
+                code,
+                final_size,
+            } => ty + varint_len(id.0) + varint_len(*code) + varint_len(*final_size),
+            Frame::Stream(f) => f.header().encoded_len() + f.data.len(),
+        }
+    }
+
+    /// Writes the frame; `w` must have [`Frame::encoded_len`] bytes left. A CLOSE reason, an
+    /// OPEN's hint and destination name are checked against their limits by whoever made
+    /// them ([`MAX_REASON_LEN`], [`super::MAX_HINT_LEN`], [`super::MAX_NAME_LEN`]).
+    pub(crate) fn encode(&self, w: &mut Writer<'_>) {
+        if let Frame::Ack(ack) | Frame::Recovered(ack) = self {
+            return ack.encode(self.ty(), w);
+        }
+        if let Frame::Stream(f) = self {
+            f.header().encode(w);
+            return w.bytes(f.data);
+        }
+        w.varint(self.ty());
+        match self {
+            Frame::Padding | Frame::Ping | Frame::Ack(_) | Frame::Recovered(_) => {}
+            Frame::Stream(_) => {}
+            Frame::Close { code, reason } => {
+                w.varint(*code);
+                w.varint(reason.len() as u64);
+                w.bytes(reason);
+            }
+            Frame::MaxData(max) | Frame::MaxStreams(max) => w.varint(*max),
+            Frame::MaxStreamData { id, max } => {
+                w.varint(id.0);
+                w.varint(*max);
+            }
+            Frame::Control { seq, data } => {
+                w.varint(*seq);
+                w.varint(data.len() as u64);
+                w.bytes(data);
+            }
+            Frame::Open { id, meta } => {
+                w.varint(id.0);
+                w.varint(u64::from(meta.scenario));
+                w.u8(if meta.transparent {
+                    OPEN_TRANSPARENT
+                } else {
+                    0
+                });
+                emit_addr(w, &meta.source);
+                emit_target(w, &meta.destination);
+                w.u8(meta.hint.len() as u8);
+                w.bytes(&meta.hint);
+            }
+            Frame::Reset {
+                id,
+                code,
+                final_size,
+            } => {
+                w.varint(id.0);
+                w.varint(*code);
+                w.varint(*final_size);
+            }
+        }
+    }
+
+    /// Writes the frame if it fits in what `w` has left; returns whether it did.
+    pub(crate) fn encode_if_fits(&self, w: &mut Writer<'_>) -> bool {
+        let fits = self.encoded_len() <= w.remaining();
+        if fits {
+            self.encode(w);
+        }
+        fits
+    }
+}
+
+impl StreamFrame<'_> {
+    fn header(&self) -> StreamHeader {
+        StreamHeader {
+            id: self.id,
+            offset: self.offset,
+            len: self.data.len(),
+            fin: self.fin,
+        }
     }
 }
 
@@ -167,7 +412,7 @@ impl<'a> Frames<'a> {
             }
             OPEN => Frame::Open {
                 id: StreamId(r.varint()?),
-                meta: parse_meta(r)?,
+                meta: Cow::Owned(parse_meta(r)?),
             },
             RESET => Frame::Reset {
                 id: StreamId(r.varint()?),
@@ -185,7 +430,7 @@ impl<'a> Frames<'a> {
                 };
                 if offset
                     .checked_add(data.len() as u64)
-                    .is_none_or(|end| end > crate::coding::VARINT_MAX)
+                    .is_none_or(|end| end > VARINT_MAX)
                 {
                     return Err(FrameError::Malformed("STREAM"));
                 }
@@ -346,148 +591,11 @@ fn emit_addr(w: &mut Writer<'_>, addr: &Option<SocketAddr>) {
     }
 }
 
-pub(crate) fn open_len(id: StreamId, meta: &StreamMeta) -> usize {
-    1 + varint_len(id.0)
-        + varint_len(u64::from(meta.scenario))
-        + 1
-        + addr_len(&meta.source)
-        + target_len(&meta.destination)
-        + 1
-        + meta.hint.len()
-}
-
-pub(crate) fn emit_open(w: &mut Writer<'_>, id: StreamId, meta: &StreamMeta) {
-    w.varint(OPEN);
-    w.varint(id.0);
-    w.varint(u64::from(meta.scenario));
-    w.u8(if meta.transparent {
-        OPEN_TRANSPARENT
-    } else {
-        0
-    });
-    emit_addr(w, &meta.source);
-    emit_target(w, &meta.destination);
-    // `StreamMeta::hint` is checked against MAX_HINT_LEN when the stream is opened.
-    w.u8(meta.hint.len() as u8);
-    w.bytes(&meta.hint);
-}
-
-/// Writes an ACK frame for `ranges` (received packet numbers, ascending, half-open), highest
-/// first, as many ranges as fit in `w` (at most [`MAX_ACK_RANGES`]). Returns whether anything was
-/// written: nothing is when even one range does not fit.
-pub(crate) fn emit_ack(
-    w: &mut Writer<'_>,
-    ranges: impl DoubleEndedIterator<Item = std::ops::Range<u64>>,
-    delay_us: u64,
-) -> bool {
-    emit_ranges(w, ACK, ranges, delay_us)
-}
-
-/// Writes a RECOVERED frame for `ranges` as [`emit_ack`] writes an ACK.
-pub(crate) fn emit_recovered(
-    w: &mut Writer<'_>,
-    ranges: impl DoubleEndedIterator<Item = std::ops::Range<u64>>,
-) -> bool {
-    emit_ranges(w, RECOVERED, ranges, 0)
-}
-
-fn emit_ranges(
-    w: &mut Writer<'_>,
-    ty: u64,
-    ranges: impl DoubleEndedIterator<Item = std::ops::Range<u64>>,
-    delay_us: u64,
-) -> bool {
-    // Encode into a scratch buffer first: the range count precedes the ranges and depends on
-    // how many fit.
-    let mut scratch = [0u8; 2 * 8 * MAX_ACK_RANGES];
-    let mut body = Writer::new(&mut scratch);
-    let mut ranges = ranges.rev();
-    let Some(top) = ranges.next() else {
-        return false;
-    };
-    let largest = top.end - 1;
-    let head_len = |count: usize| {
-        varint_len(ty) + varint_len(largest) + varint_len(delay_us) + varint_len(count as u64)
-    };
-    body.varint(top.end - 1 - top.start);
-    if head_len(1) + body.len() > w.remaining() {
-        return false;
-    }
-    let mut count = 1;
-    let mut low = top.start;
-    for range in ranges.take(MAX_ACK_RANGES - 1) {
-        let gap = low - range.end - 1;
-        let len = range.end - 1 - range.start;
-        let add = varint_len(gap) + varint_len(len);
-        if head_len(count + 1) + body.len() + add > w.remaining() {
-            break;
-        }
-        body.varint(gap);
-        body.varint(len);
-        count += 1;
-        low = range.start;
-    }
-    let body_len = body.len();
-    w.varint(ty);
-    w.varint(largest);
-    w.varint(delay_us);
-    w.varint(count as u64);
-    w.bytes(&scratch[..body_len]);
-    true
-}
-
-/// The header size of a STREAM frame with an explicit length.
-pub(crate) fn stream_header_len(id: StreamId, offset: u64, len: usize) -> usize {
-    1 + varint_len(id.0) + varint_len(offset) + varint_len(len as u64)
-}
-
-/// Writes a STREAM frame header with an explicit length; the caller writes `len` data bytes.
-pub(crate) fn emit_stream_header(
-    w: &mut Writer<'_>,
-    id: StreamId,
-    offset: u64,
-    len: usize,
-    fin: bool,
-) {
-    w.varint(STREAM | STREAM_LEN | if fin { STREAM_FIN } else { 0 });
-    w.varint(id.0);
-    w.varint(offset);
-    w.varint(len as u64);
-}
-
-pub(crate) fn emit_varint_frame(w: &mut Writer<'_>, ty: u64, values: &[u64]) {
-    w.varint(ty);
-    for &v in values {
-        w.varint(v);
-    }
-}
-
-pub(crate) fn varint_frame_len(ty: u64, values: &[u64]) -> usize {
-    varint_len(ty) + values.iter().map(|&v| varint_len(v)).sum::<usize>()
-}
-
-pub(crate) fn control_len(seq: u64, data: &[u8]) -> usize {
-    varint_len(CONTROL) + varint_len(seq) + varint_len(data.len() as u64) + data.len()
-}
-
-pub(crate) fn emit_control(w: &mut Writer<'_>, seq: u64, data: &[u8]) {
-    w.varint(CONTROL);
-    w.varint(seq);
-    w.varint(data.len() as u64);
-    w.bytes(data);
-}
-
-pub(crate) fn emit_close(w: &mut Writer<'_>, code: u64, reason: &[u8]) {
-    w.varint(CLOSE);
-    w.varint(code);
-    w.varint(reason.len() as u64);
-    w.bytes(reason);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::range_set::RangeSet;
+    use crate::wire::stream::MAX_HINT_LEN;
     use proptest::prelude::*;
 
     fn parse_all(bytes: &[u8]) -> Result<Vec<Frame<'_>>, FrameError> {
@@ -505,11 +613,15 @@ mod tests {
         };
         let id = StreamId(4);
         let mut buf = [0u8; 128];
+        let frame = Frame::Open {
+            id,
+            meta: Cow::Borrowed(&meta),
+        };
         let mut w = Writer::new(&mut buf);
-        emit_open(&mut w, id, &meta);
+        frame.encode(&mut w);
         let n = w.len();
-        assert_eq!(n, open_len(id, &meta));
-        assert_eq!(parse_all(&buf[..n]), Ok(vec![Frame::Open { id, meta }]));
+        assert_eq!(n, frame.encoded_len());
+        assert_eq!(parse_all(&buf[..n]), Ok(vec![frame]));
     }
 
     #[test]
@@ -525,17 +637,15 @@ mod tests {
         };
         let id = StreamId(8);
         let mut buf = [0u8; 128];
+        let frame = Frame::Open {
+            id,
+            meta: Cow::Borrowed(&meta),
+        };
         let mut w = Writer::new(&mut buf);
-        emit_open(&mut w, id, &meta);
+        frame.encode(&mut w);
         let n = w.len();
-        assert_eq!(n, open_len(id, &meta));
-        assert_eq!(
-            parse_all(&buf[..n]),
-            Ok(vec![Frame::Open {
-                id,
-                meta: meta.clone()
-            }])
-        );
+        assert_eq!(n, frame.encoded_len());
+        assert_eq!(parse_all(&buf[..n]), Ok(vec![frame.clone()]));
         // A name as the source, an empty name, bytes that are not UTF-8, unknown flags.
         let bad = |edit: &dyn Fn(&mut Vec<u8>)| {
             let mut bytes = buf[..n].to_vec();
@@ -555,8 +665,15 @@ mod tests {
     fn stream_frames_round_trip_and_bad_ones_fail() {
         let mut buf = [0u8; 64];
         let mut w = Writer::new(&mut buf);
-        emit_stream_header(&mut w, StreamId(9), 1 << 40, 3, true);
+        let header = StreamHeader {
+            id: StreamId(9),
+            offset: 1 << 40,
+            len: 3,
+            fin: true,
+        };
+        header.encode(&mut w);
         w.bytes(b"abc");
+        assert_eq!(w.len(), header.encoded_len() + 3);
         let n = w.len();
         assert_eq!(
             parse_all(&buf[..n]),
@@ -585,6 +702,70 @@ mod tests {
         );
     }
 
+    /// Every kind of frame, written after `encoded_len` said its size, parses back to itself.
+    #[test]
+    fn every_frame_round_trips_at_its_encoded_length() {
+        let mut received = RangeSet::new();
+        for r in [3..5, 9..10, 20..31] {
+            received.insert(r);
+        }
+        let meta = StreamMeta {
+            source: Some("[fd00::1]:5000".parse().unwrap()),
+            destination: Some(Target::Addr("10.0.0.2:80".parse().unwrap())),
+            transparent: true,
+            scenario: 3,
+            hint: vec![b'h'; MAX_HINT_LEN],
+        };
+        let frames = [
+            Frame::Padding,
+            Frame::Ping,
+            Frame::Ack(Ack::acknowledging(received.iter(), 77, 100).unwrap()),
+            Frame::Recovered(Ack::recovering(received.iter(), 100).unwrap()),
+            Frame::Close {
+                code: 0x100,
+                reason: b"protocol violation",
+            },
+            Frame::MaxData(1 << 40),
+            Frame::MaxStreamData {
+                id: StreamId(5),
+                max: 70_000,
+            },
+            Frame::MaxStreams(1000),
+            Frame::Control {
+                seq: 63,
+                data: b"hello",
+            },
+            Frame::Open {
+                id: StreamId(4),
+                meta: Cow::Borrowed(&meta),
+            },
+            Frame::Reset {
+                id: StreamId(7),
+                code: 2,
+                final_size: 1 << 20,
+            },
+            Frame::Stream(StreamFrame {
+                id: StreamId(1),
+                offset: 16_383,
+                fin: false,
+                data: b"data",
+            }),
+        ];
+        for frame in frames {
+            let mut buf = [0u8; 512];
+            let mut w = Writer::new(&mut buf);
+            assert!(frame.encode_if_fits(&mut w), "{frame:?}");
+            let n = w.len();
+            assert_eq!(n, frame.encoded_len(), "{frame:?}");
+            assert_eq!(parse_all(&buf[..n]), Ok(vec![frame.clone()]));
+            // One byte too few: nothing is written.
+            let mut short = vec![0u8; n - 1];
+            let mut w = Writer::new(&mut short);
+            assert!(!frame.encode_if_fits(&mut w));
+            assert_eq!(w.len(), 0);
+        }
+    }
+
     proptest! {
         /// Whatever set of packet numbers was received, the ACK frame written for it parses
         /// back to the highest ranges of that set.
@@ -596,11 +777,14 @@ mod tests {
             }
             let mut buf = vec![0u8; room];
             let mut w = Writer::new(&mut buf);
-            if !emit_ack(&mut w, set.iter(), 1234) {
+            let Some(ack) = Ack::acknowledging(set.iter(), 1234, room) else {
                 prop_assert!(room < 16);
                 return Ok(());
-            }
+            };
+            let frame = Frame::Ack(ack);
+            prop_assert!(frame.encode_if_fits(&mut w));
             let n = w.len();
+            prop_assert_eq!(n, frame.encoded_len());
             let frames = parse_all(&buf[..n]).unwrap();
             let Frame::Ack(ack) = &frames[0] else { panic!("not an ACK") };
             prop_assert_eq!(ack.delay_us, 1234);

@@ -1,0 +1,366 @@
+//! Datagrams out. Each call to `poll_transmit` builds a burst of equal-size packets for one
+//! GSO send, as many as the pacer, the congestion window and the burst limit allow. Frames
+//! go in this order: RECOVERED and ACK (when one is due), stream credit and resets, control
+//! messages, stream data chosen by the scheduler, PING. ACKs ride on data packets when
+//! possible.
+
+use super::recovery::SentFrame;
+use super::{Connection, State, Transmit};
+use crate::crypto::TAG_LEN;
+use crate::pacing::Pacer;
+use crate::wire::header::DATA_HEADER_LEN;
+use crate::wire::{DataHeader, Frame, Header, Writer};
+use std::time::Instant;
+
+/// Leftover room in a packet below which it is padded to full size, so that a burst's packets
+/// stay equal-sized for GSO.
+const PAD_BELOW: usize = 32;
+
+impl Connection {
+    /// Builds the next datagrams to send into `buf`, if any are due. `buf` should hold
+    /// [`TransportConfig::max_burst_packets`](crate::TransportConfig::max_burst_packets)
+    /// datagrams of [`TransportConfig::max_datagram`](crate::TransportConfig::max_datagram)
+    /// bytes; fewer are built when it is smaller.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        match &mut self.state {
+            State::Drained | State::Draining { .. } => None,
+            State::Handshake(init) => {
+                let config = &self.config;
+                match init.write(now, config, self.local_id, &self.peer, buf) {
+                    Ok(Some(size)) => Some(self.single_datagram(now, size)),
+                    Ok(None) => None,
+                    Err(e) => {
+                        // Only a malformed key can fail here, and keys are checked when parsed.
+                        tracing::error!(error = %e, "cannot build a handshake initiation");
+                        self.state = State::Drained;
+                        None
+                    }
+                }
+            }
+            State::AwaitingConfirmation { response, sent_at } => {
+                let response = response.take()?;
+                *sent_at = Some(now);
+                let size = response.len().min(buf.len());
+                buf[..size].copy_from_slice(&response[..size]);
+                Some(self.single_datagram(now, size))
+            }
+            State::Closing { .. } => {
+                if !self.close_resend {
+                    return None;
+                }
+                self.close_resend = false;
+                self.transmit_close(now, buf)
+            }
+            State::Established => self.transmit_packets(now, buf),
+        }
+    }
+
+    /// Whether anything that needs a data packet waits to be sent.
+    pub(super) fn wants_to_send_data(&self) -> bool {
+        self.recovery.fec.as_ref().is_some_and(|f| f.has_parity())
+            || self.ping_pending
+            || self.recovery.probes() > 0
+            || self.control.has_queued()
+            || self.streams.has_pending()
+    }
+
+    /// Counts one unpaced datagram of `size` bytes, built at the start of the buffer, and
+    /// describes it for the driver.
+    fn single_datagram(&mut self, now: Instant, size: usize) -> Transmit {
+        self.count_sent(now, size);
+        Transmit {
+            destination: self.remote,
+            size,
+            segment_size: None,
+            departure: now,
+        }
+    }
+
+    fn count_sent(&mut self, now: Instant, size: usize) {
+        self.stats.packets_sent += 1;
+        self.stats.bytes_sent += size as u64;
+        self.last_sent = now;
+    }
+
+    fn transmit_close(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let (code, reason) = self.close_frame.clone()?;
+        if let Some(fec) = &mut self.recovery.fec {
+            // Blocks are runs of consecutive packets; the CLOSE is not one of them.
+            fec.close_block();
+        }
+        let max = self.max_datagram().min(buf.len());
+        let payload_len = {
+            let mut w = Writer::new(&mut buf[DATA_HEADER_LEN..max - TAG_LEN]);
+            Frame::Close {
+                code,
+                reason: &reason,
+            }
+            .encode_if_fits(&mut w);
+            w.len()
+        };
+        if payload_len == 0 {
+            return None;
+        }
+        let number = self.recovery.take_pn();
+        let size = self.seal(now, number, buf, payload_len, false);
+        Some(self.single_datagram(now, size))
+    }
+
+    /// Writes the header of packet `number` and encrypts the payload already in
+    /// `buf[DATA_HEADER_LEN..][..payload_len]`. Returns the packet size.
+    fn seal(
+        &mut self,
+        now: Instant,
+        number: u64,
+        buf: &mut [u8],
+        payload_len: usize,
+        protected: bool,
+    ) -> usize {
+        let keys = self
+            .keys
+            .as_mut()
+            .expect("established connections have keys");
+        let key_phase = keys.send_phase(now);
+        Header::Data(DataHeader {
+            receiver: self.remote_id,
+            key_phase,
+            protected,
+            number,
+        })
+        .emit(&mut Writer::new(&mut buf[..DATA_HEADER_LEN]));
+        let (header, rest) = buf.split_at_mut(DATA_HEADER_LEN);
+        let tag = keys.seal(number, header, &mut rest[..payload_len]);
+        rest[payload_len..payload_len + TAG_LEN].copy_from_slice(&tag);
+        DATA_HEADER_LEN + payload_len + TAG_LEN
+    }
+
+    /// How many data packets the pacer, the window and the burst limit let leave now, out
+    /// of `slots` of `max` bytes.
+    fn data_burst(&self, now: Instant, slots: usize, max: usize, rate: u64) -> usize {
+        if self.recovery.probes() > 0 {
+            return self.recovery.probes() as usize;
+        }
+        if !self.wants_to_send_data() || self.pacer.delay(now).is_some() {
+            return 0;
+        }
+        let room = self.recovery.window_room();
+        let burst = Pacer::burst_bytes(rate, 2 * max as u64, (slots * max) as u64);
+        let by_burst = burst.div_ceil(max as u64);
+        let by_window = room.div_ceil(max as u64);
+        (by_burst.min(by_window) as usize).min(slots)
+    }
+
+    fn transmit_packets(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let max = self.max_datagram();
+        let slots = self.config.max_burst_packets.min(buf.len() / max);
+        if slots == 0 {
+            return None;
+        }
+        let has_parity = self.recovery.fec.as_ref().is_some_and(|f| f.has_parity());
+        if has_parity && self.pacer.delay(now).is_none() {
+            // Parity first: it repairs packets already on their way.
+            return self.transmit_parity(now, buf);
+        }
+        let ack_due = self.acks.is_due(now);
+        let probing = self.recovery.probes() > 0;
+        let rate = self.recovery.pacing_rate(self.config.max_rate);
+        let data_packets = self.data_burst(now, slots, max, rate);
+        if data_packets == 0 && !ack_due {
+            return None;
+        }
+        let packets = data_packets.max(usize::from(ack_due)).min(slots);
+        // While FEC protects, every packet joins a block and is built to fit a shard; the
+        // whole burst has that size (GSO).
+        let srtt = self.rtt().smoothed();
+        let next_pn = self.recovery.next_pn();
+        let batch_protected = self.recovery.fec.as_mut().is_some_and(|f| {
+            (data_packets > 0 || f.is_open()) && f.protect_next(now, next_pn, srtt)
+        });
+        let cap = match &self.recovery.fec {
+            Some(f) if batch_protected => f.max_protected(),
+            _ => max,
+        };
+        let (mut size, mut segment, mut count, mut eliciting_bytes) = (0, 0, 0, 0);
+        for i in 0..packets {
+            let next_pn = self.recovery.next_pn();
+            let protected = batch_protected
+                && self
+                    .recovery
+                    .fec
+                    .as_mut()
+                    .is_some_and(|f| f.protect_next(now, next_pn, srtt));
+            let out = &mut buf[size..size + cap];
+            let with_ack = i == 0 && (ack_due || self.acks.is_pending() && data_packets > 0);
+            let Some((len, eliciting)) =
+                self.build_packet(now, out, with_ack, i < data_packets, protected)
+            else {
+                break;
+            };
+            if count > 0 && len > segment {
+                // Cannot happen: packets are built full-size until the last.
+                break;
+            }
+            if eliciting {
+                eliciting_bytes += len as u64;
+            }
+            size += len;
+            count += 1;
+            if count == 1 {
+                segment = len;
+            }
+            if len < segment || len < cap {
+                break;
+            }
+        }
+        if count == 0 {
+            return None;
+        }
+        let departure = self.pacer.next().map_or(now, |t| t.min(now));
+        if eliciting_bytes > 0 && !probing {
+            self.pacer.on_sent(now, eliciting_bytes, rate);
+        }
+        self.recovery.on_probes_sent(count as u32);
+        if !self.wants_to_send_data() && self.recovery.window_room() > 0 {
+            self.recovery.on_app_limited();
+        }
+        Some(Transmit {
+            destination: self.remote,
+            size,
+            segment_size: (count > 1).then_some(segment),
+            departure,
+        })
+    }
+
+    /// A burst of parity packets, paced like data. Their bytes count in flight with the last
+    /// packet of their block, so that they take their share of the congestion window and
+    /// the delivery rate sees the whole wire.
+    fn transmit_parity(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let len = self.recovery.fec.as_ref()?.parity_packet_len();
+        let slots = self.config.max_burst_packets.min(buf.len() / len);
+        let rate = self.recovery.pacing_rate(self.config.max_rate);
+        let burst = Pacer::burst_bytes(rate, 2 * len as u64, (slots * len) as u64);
+        let packets = (burst.div_ceil(len as u64) as usize).clamp(1, slots.max(1));
+        let (mut size, mut count) = (0, 0);
+        while count < packets && size + len <= buf.len() {
+            let out = &mut buf[size..size + len];
+            let parity = Header::Parity {
+                receiver: self.remote_id,
+            };
+            parity.emit(&mut Writer::new(&mut out[..parity.len()]));
+            let next_pn = self.recovery.next_pn();
+            let fec = self.recovery.fec.as_mut()?;
+            let Some((_, owner)) = fec.pop_parity(now, next_pn, &mut out[parity.len()..]) else {
+                break;
+            };
+            self.recovery.on_parity_sent(owner, len);
+            self.count_sent(now, len);
+            size += len;
+            count += 1;
+        }
+        if count == 0 {
+            return None;
+        }
+        let departure = self.pacer.next().map_or(now, |t| t.min(now));
+        self.pacer.on_sent(now, size as u64, rate);
+        self.recovery.on_parity_burst(now, size as u64);
+        Some(Transmit {
+            destination: self.remote,
+            size,
+            segment_size: (count > 1).then_some(len),
+            departure,
+        })
+    }
+
+    /// Builds one packet into `out`; returns its size and whether it is ack-eliciting.
+    /// A `protected` packet joins the open FEC block.
+    fn build_packet(
+        &mut self,
+        now: Instant,
+        out: &mut [u8],
+        with_ack: bool,
+        with_data: bool,
+        protected: bool,
+    ) -> Option<(usize, bool)> {
+        let max = out.len();
+        let mut frames = self.recovery.frame_list();
+        let mut acked = false;
+        let mut eliciting = false;
+        let payload_len = {
+            let mut w = Writer::new(&mut out[DATA_HEADER_LEN..max - TAG_LEN]);
+            if with_ack {
+                acked = self.write_acks(now, &mut w);
+            }
+            if with_data {
+                eliciting = self.write_data(&mut w, &mut frames);
+            }
+            w.len()
+        };
+        if payload_len == 0 {
+            self.recovery.recycle(frames);
+            return None;
+        }
+        if acked {
+            self.stats.acks_sent += 1;
+            self.acks.on_sent(now);
+        }
+        let number = self.recovery.next_pn();
+        let size = self.seal(now, number, out, payload_len, protected);
+        if protected {
+            if let Some(fec) = &mut self.recovery.fec {
+                fec.on_sealed(number, &mut out[..size]);
+            }
+        }
+        self.count_sent(now, size);
+        if eliciting {
+            self.stats.eliciting_sent += 1;
+        } else {
+            self.stats.ack_only_sent += 1;
+        }
+        self.recovery.on_packet_sent(now, size, eliciting, frames);
+        Some((size, eliciting))
+    }
+
+    /// Writes the RECOVERED and ACK frames, if anything was received; returns whether the
+    /// ACK fit.
+    fn write_acks(&mut self, now: Instant, w: &mut Writer<'_>) -> bool {
+        if !self.acks.has_received() {
+            return false;
+        }
+        if let Some(fec) = &mut self.fec_receiver {
+            // Before the ACK, so that the sender marks them first.
+            fec.write_recovered(w);
+        }
+        self.acks
+            .frame(now, w.remaining())
+            .is_some_and(|ack| Frame::Ack(ack).encode_if_fits(w))
+    }
+
+    /// Writes stream credit and resets, control messages, stream data and, if nothing else
+    /// elicits an ACK, a due PING; pads a nearly full packet. Records what needs tracking in
+    /// `frames`; returns whether the packet is ack-eliciting.
+    fn write_data(&mut self, w: &mut Writer<'_>, frames: &mut Vec<SentFrame>) -> bool {
+        let stream_frames = &mut self.stream_frames;
+        self.streams.write_control_frames(w, stream_frames);
+        let mut eliciting = self
+            .control
+            .write_frames(w, |seq| frames.push(SentFrame::Control(seq)));
+        let before = w.len();
+        let stream_bytes = self.streams.write_stream_frames(w, stream_frames);
+        self.stats.stream_bytes_sent += stream_bytes as u64;
+        eliciting |= w.len() > before || !stream_frames.is_empty();
+        frames.extend(stream_frames.drain(..).map(SentFrame::Stream));
+        let ping = self.ping_pending || self.recovery.probes() > 0;
+        if ping && !eliciting && w.remaining() > 0 {
+            Frame::Ping.encode(w);
+            eliciting = true;
+        }
+        if eliciting {
+            self.ping_pending = false;
+        }
+        if w.len() > 0 && w.remaining() < PAD_BELOW {
+            let pad = w.remaining();
+            w.reserve(pad).fill(0);
+        }
+        eliciting
+    }
+}
