@@ -153,6 +153,8 @@ impl Driver {
             shutdown: AtomicBool::new(false),
             local_addr,
             stats: Counters::default(),
+            #[cfg(test)]
+            blocked: Mutex::new(Vec::new()),
         });
         let (max_datagram, max_burst) = send_limits(&shared);
         let io = Io {
@@ -168,6 +170,7 @@ impl Driver {
             connections: HashMap::new(),
             accepted,
             routes: Vec::new(),
+            write_blocked: false,
         };
         let span = tracing::info_span!("tunnel driver", local = %local_addr);
         let task = tokio::spawn(io.run().instrument(span));
@@ -426,9 +429,18 @@ struct Shared {
     shutdown: AtomicBool,
     local_addr: SocketAddr,
     stats: Counters,
+    /// Destinations whose sends the tests make find a full socket buffer.
+    #[cfg(test)]
+    blocked: Mutex<Vec<SocketAddr>>,
 }
 
 impl Shared {
+    #[cfg(test)]
+    fn is_blocked(&self, destination: SocketAddr) -> bool {
+        let blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        blocked.contains(&destination)
+    }
+
     fn core(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock leaves the endpoint as consistent as its last
         // completed call; carry on with it.
@@ -649,6 +661,8 @@ struct Io {
     max_burst: usize,
     /// Received datagrams routed to a connection: (offset, length, source, connection).
     routes: Vec<(usize, usize, SocketAddr, ConnectionHandle)>,
+    /// A send found the socket's buffer full: a transmit is parked until it is writable.
+    write_blocked: bool,
 }
 
 struct Entry {
@@ -659,6 +673,10 @@ struct Entry {
     wake_readers_at: Option<Instant>,
     /// Datagrams arrived since it was last serviced.
     received: bool,
+    /// A transmit the socket had no room for (its bytes in `parked`): it leaves before
+    /// anything new from this connection.
+    parked_to: Option<(SocketAddr, Option<usize>)>,
+    parked: Vec<u8>,
 }
 
 impl Io {
@@ -671,10 +689,7 @@ impl Io {
                 shutdown_started = Some(now);
                 self.close_all(now);
             }
-            if let Err(e) = self.service(now).await {
-                tracing::error!(error = %e, "tunnel socket failed; stopping");
-                break;
-            }
+            self.service(now);
             if let Some(started) = shutdown_started {
                 if self.connections.is_empty() || now >= started + SHUTDOWN_GRACE {
                     break;
@@ -693,6 +708,13 @@ impl Io {
                 biased;
                 ready = self.socket.readable() => match ready {
                     Ok(()) => self.receive(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "tunnel socket failed; stopping");
+                        break;
+                    }
+                },
+                ready = self.socket.writable(), if self.write_blocked => match ready {
+                    Ok(()) => self.write_blocked = false,
                     Err(e) => {
                         tracing::error!(error = %e, "tunnel socket failed; stopping");
                         break;
@@ -732,6 +754,8 @@ impl Io {
                 timeout: None,
                 wake_readers_at: None,
                 received: false,
+                parked_to: None,
+                parked: Vec::new(),
             },
         );
     }
@@ -844,14 +868,28 @@ impl Io {
         }
     }
 
-    /// Runs due timers and sends what every connection that needs it has to send.
-    async fn service(&mut self, now: Instant) -> io::Result<()> {
+    /// Runs due timers and sends what every connection that needs it has to send. Nothing
+    /// here waits: a connection whose transmit finds the socket full parks it and the others
+    /// are served all the same; receiving goes on, and the parked transmits leave first once
+    /// the socket has room.
+    fn service(&mut self, now: Instant) {
         let mut drained = Vec::new();
+        // The core builds as many datagrams as the buffer it is given holds; quinn-udp
+        // lowers its GSO limit to 1 if the network device turns GSO down.
+        let segments = self.state.max_gso_segments().clamp(1, self.max_burst);
+        let mut out = Out {
+            socket: &self.socket,
+            state: &self.state,
+            shared: &self.shared,
+            buf: &mut self.send[..segments * self.max_datagram],
+            ipv6_socket: self.ipv6_socket,
+        };
         for entry in self.connections.values_mut() {
             let marked = entry.link.marked.swap(false, Ordering::AcqRel);
             let due = entry.timeout.is_some_and(|t| t <= now);
             let readers_due = entry.wake_readers_at.is_some_and(|t| t <= now);
-            if !(marked || due || readers_due || entry.received) {
+            let parked = entry.parked_to.is_some();
+            if !(marked || due || readers_due || entry.received || parked) {
                 continue;
             }
             entry.received = false;
@@ -864,38 +902,7 @@ impl Io {
             if due {
                 entry.link.lock().connection.handle_timeout(now);
             }
-            // The core builds as many datagrams as the buffer it is given holds; quinn-udp
-            // lowers its GSO limit to 1 if the network device turns GSO down.
-            let segments = self.state.max_gso_segments().clamp(1, self.max_burst);
-            let buf = &mut self.send[..segments * self.max_datagram];
-            for _ in 0..TRANSMITS_PER_ROUND {
-                let transmit = entry.link.lock().connection.poll_transmit(now, buf);
-                let Some(t) = transmit else { break };
-                let contents = &buf[..t.size];
-                let destination = socket::for_socket(t.destination, self.ipv6_socket);
-                let segments = t.segment_size.map_or(1, |s| t.size.div_ceil(s));
-                let stats = &self.shared.stats;
-                let sent = socket::send(
-                    &self.socket,
-                    &self.state,
-                    destination,
-                    contents,
-                    t.segment_size,
-                )
-                .await?;
-                match sent {
-                    socket::Sent::Sent => {
-                        stats.send_calls.fetch_add(1, Ordering::Relaxed);
-                        stats
-                            .datagrams_sent
-                            .fetch_add(segments as u64, Ordering::Relaxed);
-                    }
-                    socket::Sent::Refused(e) => {
-                        stats.send_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(%destination, error = %e, "send refused");
-                    }
-                }
-            }
+            self.write_blocked |= out.transmit(entry, now);
             let mut state = entry.link.lock();
             state.dispatch_events(now);
             entry.timeout = state.connection.poll_timeout();
@@ -911,116 +918,96 @@ impl Io {
                 self.connections.remove(&handle);
             }
         }
-        Ok(())
+    }
+}
+
+/// What sending needs of the I/O task, borrowed beside its table of connections.
+struct Out<'a> {
+    socket: &'a UdpSocket,
+    state: &'a UdpSocketState,
+    shared: &'a Shared,
+    /// The GSO buffer, as many datagrams long as the device takes in one send.
+    buf: &'a mut [u8],
+    ipv6_socket: bool,
+}
+
+impl Out<'_> {
+    /// Sends what `entry`'s connection has: its parked transmit, then up to
+    /// [`TRANSMITS_PER_ROUND`] new ones. Returns whether the socket was full (a transmit is
+    /// parked).
+    fn transmit(&mut self, entry: &mut Entry, now: Instant) -> bool {
+        if let Some((destination, segment_size)) = entry.parked_to {
+            match self.send(destination, &entry.parked, segment_size) {
+                socket::Outcome::Blocked => return true,
+                #[cfg(test)]
+                socket::Outcome::Held => return false,
+                sent => self.count(sent, destination, entry.parked.len(), segment_size),
+            }
+            entry.parked_to = None;
+            entry.parked.clear();
+        }
+        for _ in 0..TRANSMITS_PER_ROUND {
+            let transmit = entry.link.lock().connection.poll_transmit(now, self.buf);
+            let Some(t) = transmit else { break };
+            let destination = socket::for_socket(t.destination, self.ipv6_socket);
+            let contents = &self.buf[..t.size];
+            match self.send(destination, contents, t.segment_size) {
+                socket::Outcome::Blocked => {
+                    entry.parked.extend_from_slice(contents);
+                    entry.parked_to = Some((destination, t.segment_size));
+                    return true;
+                }
+                #[cfg(test)]
+                socket::Outcome::Held => {
+                    entry.parked.extend_from_slice(contents);
+                    entry.parked_to = Some((destination, t.segment_size));
+                    return false;
+                }
+                sent => self.count(sent, destination, t.size, t.segment_size),
+            }
+        }
+        false
+    }
+
+    fn send(
+        &self,
+        destination: SocketAddr,
+        contents: &[u8],
+        segment_size: Option<usize>,
+    ) -> socket::Outcome {
+        #[cfg(test)]
+        if self.shared.is_blocked(destination) {
+            return socket::Outcome::Held;
+        }
+        socket::try_send(self.socket, self.state, destination, contents, segment_size)
+    }
+
+    fn count(
+        &self,
+        sent: socket::Outcome,
+        destination: SocketAddr,
+        size: usize,
+        segment_size: Option<usize>,
+    ) {
+        let stats = &self.shared.stats;
+        match sent {
+            socket::Outcome::Sent => {
+                let segments = segment_size.map_or(1, |s| size.div_ceil(s));
+                stats.send_calls.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .datagrams_sent
+                    .fetch_add(segments as u64, Ordering::Relaxed);
+            }
+            socket::Outcome::Refused(e) => {
+                stats.send_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%destination, error = %e, "send refused");
+            }
+            socket::Outcome::Blocked => {}
+            #[cfg(test)]
+            socket::Outcome::Held => {}
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::Target;
-    use crate::testing::{LinkConfig, Pair};
-    use std::sync::atomic::AtomicUsize;
-    use std::task::Wake;
-
-    /// Counts the wake-ups of a reader.
-    #[derive(Default)]
-    struct Reader(AtomicUsize);
-
-    impl Wake for Reader {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    impl Reader {
-        fn woken(&self) -> usize {
-            self.0.load(Ordering::Relaxed)
-        }
-    }
-
-    /// The receiving connection of a simulated path of `rtt` once `bytes` of one stream have
-    /// arrived there, in the state the driver keeps, with a reader for the stream.
-    fn receiving(bytes: usize, rtt: Duration) -> (LinkState, StreamId, Arc<Reader>, Instant) {
-        let link = LinkConfig::new(rtt, 100);
-        let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 1);
-        pair.connect();
-        let meta = StreamMeta {
-            destination: Some(Target::Addr(([192, 0, 2, 1], 80).into())),
-            ..StreamMeta::default()
-        };
-        let id = pair.client().open_stream(meta).expect("room for a stream");
-        assert_eq!(pair.client().write(id, &vec![7; bytes]), Ok(bytes));
-        pair.run_until(Duration::from_secs(5), |p| {
-            p.server().readable_bytes(id) >= bytes
-        });
-        let (_, connection) = pair.sides[1]
-            .connections
-            .pop_first()
-            .expect("the server's connection");
-        let mut state = LinkState::new(connection);
-        state.streams.insert(id, StreamSlot::default());
-        let reader = Arc::new(Reader::default());
-        (state, id, reader, pair.now)
-    }
-
-    /// What the driver does when the core reports data for a stream whose reader waits.
-    fn data_arrives(state: &mut LinkState, id: StreamId, reader: &Arc<Reader>, now: Instant) {
-        let slot = state.streams.get_mut(&id).expect("the stream has a slot");
-        slot.reader = Some(Waker::from(reader.clone()));
-        state.deferred.push(id);
-        state.dispatch_events(now);
-    }
-
-    #[test]
-    fn a_reader_is_woken_at_once_after_a_quiet_spell_then_at_most_once_per_read_delay() {
-        let (mut state, id, reader, start) = receiving(1_000, 40 * MAX_READ_DELAY);
-        assert!(state.connection.rtt().smoothed() / 8 >= MAX_READ_DELAY);
-
-        data_arrives(&mut state, id, &reader, start);
-        assert_eq!(
-            reader.woken(),
-            1,
-            "the first data after a quiet spell wakes at once"
-        );
-        assert_eq!(state.wake_readers_at, None);
-
-        let soon = start + Duration::from_micros(100);
-        data_arrives(&mut state, id, &reader, soon);
-        assert_eq!(reader.woken(), 1, "more data within the delay waits");
-        assert_eq!(state.wake_readers_at, Some(start + MAX_READ_DELAY));
-
-        state.dispatch_events(start + MAX_READ_DELAY - Duration::from_micros(1));
-        assert_eq!(reader.woken(), 1);
-        state.dispatch_events(start + MAX_READ_DELAY);
-        assert_eq!(reader.woken(), 2, "the deferred reader is woken when due");
-        assert!(state.deferred.is_empty());
-        assert_eq!(state.wake_readers_at, None);
-
-        // A reader that stopped waiting (it is reading) is not woken later.
-        data_arrives(&mut state, id, &reader, start + MAX_READ_DELAY * 3 / 2);
-        state.streams.get_mut(&id).expect("slot").reader = None;
-        state.dispatch_events(start + MAX_READ_DELAY * 3);
-        assert_eq!(reader.woken(), 2);
-        assert!(state.deferred.is_empty());
-    }
-
-    #[test]
-    fn enough_waiting_data_wakes_a_reader_without_delay() {
-        let (mut state, id, reader, start) = receiving(READ_LOW_WATER, 40 * MAX_READ_DELAY);
-        data_arrives(&mut state, id, &reader, start);
-        data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
-        assert_eq!(reader.woken(), 2);
-        assert!(state.deferred.is_empty());
-    }
-
-    #[test]
-    fn on_a_short_path_the_read_delay_is_an_eighth_of_the_round_trip() {
-        let (mut state, id, reader, start) = receiving(1_000, 2 * MAX_READ_DELAY);
-        data_arrives(&mut state, id, &reader, start);
-        data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
-        let delay = state.connection.rtt().smoothed() / 8;
-        assert!(delay < MAX_READ_DELAY);
-        assert_eq!(state.wake_readers_at, Some(start + delay));
-    }
-}
+mod tests;

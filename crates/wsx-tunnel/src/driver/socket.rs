@@ -159,22 +159,29 @@ impl RecvBuffers {
 
 /// What became of a send.
 #[derive(Debug)]
-pub(super) enum Sent {
+pub(super) enum Outcome {
     Sent,
+    /// The socket's buffer is full: nothing was sent; try again once it is writable.
+    Blocked,
+    /// Tests: sends to this destination are held back as if the buffer were full for it
+    /// alone (nothing was sent; the socket itself stays writable).
+    #[cfg(test)]
+    Held,
     /// The kernel refused the datagrams (no route, message too large, ...). They are lost;
     /// the tunnel's loss recovery treats them like losses on the path.
     Refused(io::Error),
 }
 
-/// Sends `contents` (several datagrams of `segment_size` when given), waiting while the
-/// socket's buffer is full. An error is returned only when waiting for the socket fails.
-pub(super) async fn send(
+/// Sends `contents` (several datagrams of `segment_size` when given) if the socket takes
+/// them now. Never waits: a full buffer is [`Outcome::Blocked`], and clears the socket's write
+/// readiness so that `writable()` waits for room.
+pub(super) fn try_send(
     socket: &UdpSocket,
     state: &UdpSocketState,
     destination: SocketAddr,
     contents: &[u8],
     segment_size: Option<usize>,
-) -> io::Result<Sent> {
+) -> Outcome {
     let transmit = quinn_udp::Transmit {
         destination,
         ecn: None,
@@ -186,10 +193,10 @@ pub(super) async fn send(
         match socket.try_io(Interest::WRITABLE, || {
             state.try_send(socket.into(), &transmit)
         }) {
-            Ok(()) => return Ok(Sent::Sent),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => socket.writable().await?,
+            Ok(()) => return Outcome::Sent,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Outcome::Blocked,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Ok(Sent::Refused(e)),
+            Err(e) => return Outcome::Refused(e),
         }
     }
 }

@@ -1,0 +1,235 @@
+//! The driver's own policies, driven directly: deferred reader wake-ups on a simulated
+//! connection, and a full socket buffer on real loopback sockets.
+
+use super::*;
+use crate::testing::{LinkConfig, Pair};
+use crate::{SecretKey, Target};
+use std::net::Ipv4Addr;
+use std::sync::atomic::AtomicUsize;
+use std::task::Wake;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Counts the wake-ups of a reader.
+#[derive(Default)]
+struct Reader(AtomicUsize);
+
+impl Wake for Reader {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Reader {
+    fn woken(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The receiving connection of a simulated path of `rtt` once `bytes` of one stream have
+/// arrived there, in the state the driver keeps, with a reader for the stream.
+fn receiving(bytes: usize, rtt: Duration) -> (LinkState, StreamId, Arc<Reader>, Instant) {
+    let link = LinkConfig::new(rtt, 100);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 1);
+    pair.connect();
+    let meta = StreamMeta {
+        destination: Some(Target::Addr(([192, 0, 2, 1], 80).into())),
+        ..StreamMeta::default()
+    };
+    let id = pair.client().open_stream(meta).expect("room for a stream");
+    assert_eq!(pair.client().write(id, &vec![7; bytes]), Ok(bytes));
+    pair.run_until(Duration::from_secs(5), |p| {
+        p.server().readable_bytes(id) >= bytes
+    });
+    let (_, connection) = pair.sides[1]
+        .connections
+        .pop_first()
+        .expect("the server's connection");
+    let mut state = LinkState::new(connection);
+    state.streams.insert(id, StreamSlot::default());
+    let reader = Arc::new(Reader::default());
+    (state, id, reader, pair.now)
+}
+
+/// What the driver does when the core reports data for a stream whose reader waits.
+fn data_arrives(state: &mut LinkState, id: StreamId, reader: &Arc<Reader>, now: Instant) {
+    let slot = state.streams.get_mut(&id).expect("the stream has a slot");
+    slot.reader = Some(Waker::from(reader.clone()));
+    state.deferred.push(id);
+    state.dispatch_events(now);
+}
+
+#[test]
+fn a_reader_is_woken_at_once_after_a_quiet_spell_then_at_most_once_per_read_delay() {
+    let (mut state, id, reader, start) = receiving(1_000, 40 * MAX_READ_DELAY);
+    assert!(state.connection.rtt().smoothed() / 8 >= MAX_READ_DELAY);
+
+    data_arrives(&mut state, id, &reader, start);
+    assert_eq!(
+        reader.woken(),
+        1,
+        "the first data after a quiet spell wakes at once"
+    );
+    assert_eq!(state.wake_readers_at, None);
+
+    let soon = start + Duration::from_micros(100);
+    data_arrives(&mut state, id, &reader, soon);
+    assert_eq!(reader.woken(), 1, "more data within the delay waits");
+    assert_eq!(state.wake_readers_at, Some(start + MAX_READ_DELAY));
+
+    state.dispatch_events(start + MAX_READ_DELAY - Duration::from_micros(1));
+    assert_eq!(reader.woken(), 1);
+    state.dispatch_events(start + MAX_READ_DELAY);
+    assert_eq!(reader.woken(), 2, "the deferred reader is woken when due");
+    assert!(state.deferred.is_empty());
+    assert_eq!(state.wake_readers_at, None);
+
+    // A reader that stopped waiting (it is reading) is not woken later.
+    data_arrives(&mut state, id, &reader, start + MAX_READ_DELAY * 3 / 2);
+    state.streams.get_mut(&id).expect("slot").reader = None;
+    state.dispatch_events(start + MAX_READ_DELAY * 3);
+    assert_eq!(reader.woken(), 2);
+    assert!(state.deferred.is_empty());
+}
+
+#[test]
+fn enough_waiting_data_wakes_a_reader_without_delay() {
+    let (mut state, id, reader, start) = receiving(READ_LOW_WATER, 40 * MAX_READ_DELAY);
+    data_arrives(&mut state, id, &reader, start);
+    data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
+    assert_eq!(reader.woken(), 2);
+    assert!(state.deferred.is_empty());
+}
+
+#[test]
+fn on_a_short_path_the_read_delay_is_an_eighth_of_the_round_trip() {
+    let (mut state, id, reader, start) = receiving(1_000, 2 * MAX_READ_DELAY);
+    data_arrives(&mut state, id, &reader, start);
+    data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
+    let delay = state.connection.rtt().smoothed() / 8;
+    assert!(delay < MAX_READ_DELAY);
+    assert_eq!(state.wake_readers_at, Some(start + delay));
+}
+
+/// Stops a hung test; nothing asserts on how long anything took.
+const HANG: Duration = Duration::from_secs(120);
+
+fn endpoint(secret: &SecretKey, peers: &[&SecretKey]) -> Driver {
+    let peers = peers.iter().map(|s| s.public_key()).collect();
+    let config = EndpointConfig::new(secret.clone(), peers, fastrand::u64(..));
+    Driver::bind((Ipv4Addr::LOCALHOST, 0).into(), config).expect("bind")
+}
+
+/// A tunnel from `a` to `b` (whose key is `kb`), established on both sides: (a's, b's).
+async fn tunnel(a: &Driver, b: &Driver, kb: &SecretKey) -> (Tunnel, Tunnel) {
+    let ours = a.connect(b.local_addr(), kb.public_key()).expect("connect");
+    let theirs = tokio::time::timeout(HANG, b.accept()).await.expect("hung");
+    let theirs = theirs.expect("accepted");
+    for t in [&ours, &theirs] {
+        tokio::time::timeout(HANG, t.established())
+            .await
+            .expect("hung")
+            .expect("handshake");
+    }
+    (ours, theirs)
+}
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    fastrand::Rng::with_seed(seed).fill(&mut data);
+    data
+}
+
+fn meta() -> StreamMeta {
+    StreamMeta {
+        destination: Some(Target::Addr(([192, 0, 2, 1], 80).into())),
+        ..StreamMeta::default()
+    }
+}
+
+/// Sends `data` on a new stream of `from` and reads it whole from `to`, where it arrives.
+async fn carry(from: &Tunnel, to: &Tunnel, data: &[u8]) -> Vec<u8> {
+    let mut sending = from.open(meta()).expect("a stream");
+    let send = async {
+        sending.write_all(data).await.expect("write");
+        sending.shutdown().await.expect("finish");
+    };
+    let receive = async {
+        let mut stream = to.accept_stream().await.expect("the stream");
+        let mut received = Vec::new();
+        stream.read_to_end(&mut received).await.expect("read");
+        received
+    };
+    let ((), received) = tokio::time::timeout(HANG, async { tokio::join!(send, receive) })
+        .await
+        .expect("transfer hung");
+    received
+}
+
+/// A send that finds the socket's buffer full used to make the I/O task wait for room,
+/// with every connection's receiving and acknowledging stopped behind it. Now the transmit
+/// is parked with its connection: here sends from `a` to `b` are held back as if the
+/// buffer were full for them, and meanwhile `a` still receives what `b` sends and carries a
+/// whole transfer each way with `c`; once they are let through, the parked transmit leaves
+/// and the transfer with `b` completes. (Held sends do not clear the socket's readiness as a
+/// real full buffer does; that path, waiting for `writable()`, is not exercised here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_socket_toward_one_peer_leaves_receiving_and_the_other_peers_served() {
+    let (ka, kb, kc) = (
+        SecretKey::generate(),
+        SecretKey::generate(),
+        SecretKey::generate(),
+    );
+    let a = endpoint(&ka, &[&kb, &kc]);
+    let b = endpoint(&kb, &[&ka]);
+    let c = endpoint(&kc, &[&ka]);
+    let (a_to_b, b_to_a) = tunnel(&a, &b, &kb).await;
+    let (a_to_c, c_to_a) = tunnel(&a, &c, &kc).await;
+    a.shared
+        .blocked
+        .lock()
+        .expect("not poisoned")
+        .push(b.local_addr());
+
+    // b's first flight reaches a's application though a can acknowledge none of it.
+    let from_b = bytes(1, 400_000);
+    let mut b_stream = b_to_a.open(meta()).expect("a stream");
+    let b_writes = {
+        let data = from_b.clone();
+        tokio::spawn(async move {
+            b_stream.write_all(&data).await.expect("write");
+            b_stream.shutdown().await.expect("finish");
+            b_stream
+        })
+    };
+    let mut at_a = tokio::time::timeout(HANG, a_to_b.accept_stream())
+        .await
+        .expect("hung")
+        .expect("b's stream");
+    let mut first = vec![0u8; 8_000];
+    tokio::time::timeout(HANG, at_a.read_exact(&mut first))
+        .await
+        .expect("a stopped receiving while its socket was full toward b")
+        .expect("read");
+    assert_eq!(first, from_b[..first.len()]);
+
+    // The other peer is served both ways meanwhile.
+    let to_c = bytes(2, 1_000_000);
+    assert_eq!(carry(&a_to_c, &c_to_a, &to_c).await, to_c);
+    let from_c = bytes(3, 1_000_000);
+    assert_eq!(carry(&c_to_a, &a_to_c, &from_c).await, from_c);
+    assert!(a_to_b.error().is_none() && b_to_a.error().is_none());
+
+    // Room again: what was parked leaves, and b's transfer completes.
+    a.shared.blocked.lock().expect("not poisoned").clear();
+    let mut rest = Vec::new();
+    tokio::time::timeout(HANG, at_a.read_to_end(&mut rest))
+        .await
+        .expect("b's transfer hung after the socket had room")
+        .expect("read");
+    first.extend_from_slice(&rest);
+    assert_eq!(first, from_b);
+    tokio::time::timeout(HANG, b_writes)
+        .await
+        .expect("hung")
+        .expect("b's writer");
+}
