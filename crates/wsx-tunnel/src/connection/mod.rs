@@ -47,7 +47,9 @@ pub use error::{CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, ConnectionError
 pub use fec::FecStats;
 use fec::{FecReceiver, FecSender};
 use handshake::Initiation;
-pub(crate) use handshake::{Accepted, Incoming, Rejected, parse_initiation_payload};
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use handshake::parse_initiation_payload;
+pub(crate) use handshake::{Accepted, Incoming, Rejected};
 use params::TransportParams;
 use recovery::{FrameOutcome, Recovery, SentFrame, Timeout};
 use std::collections::VecDeque;
