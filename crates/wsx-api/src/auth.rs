@@ -1,7 +1,6 @@
 //! Bearer tokens: `Authorization: Bearer <token>` must carry one of the configured tokens.
 
 use crate::error::{ApiError, ErrorCode};
-use crate::routes::AppState;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
@@ -36,9 +35,15 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
+/// Server state that holds the accepted tokens (kept as a trait so that this module does not
+/// depend on the router's state type).
+pub(crate) trait HasTokens {
+    fn tokens(&self) -> &Tokens;
+}
+
 /// Middleware: the request goes on only with a valid token.
-pub(crate) async fn require(
-    State(state): State<Arc<AppState>>,
+pub(crate) async fn require<S: HasTokens>(
+    State(state): State<Arc<S>>,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -51,7 +56,7 @@ pub(crate) async fn require(
             scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
         });
     match presented {
-        Some(token) if state.tokens.accepts(token.as_bytes()) => Ok(next.run(request).await),
+        Some(token) if state.tokens().accepts(token.as_bytes()) => Ok(next.run(request).await),
         Some(_) => Err(ApiError::new(ErrorCode::Unauthorized, "invalid token")),
         None => Err(ApiError::new(
             ErrorCode::Unauthorized,

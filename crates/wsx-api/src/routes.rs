@@ -58,6 +58,12 @@ pub(crate) struct AppState {
     pub(crate) request_timeout: Duration,
 }
 
+impl auth::HasTokens for AppState {
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -123,7 +129,10 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
     let (api, _) = protected().split_for_parts();
     let api = api
         .route("/api/v1/openapi.json", get(openapi_json))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require::<AppState>,
+        ));
     let (public, _) = public().split_for_parts();
     public
         .merge(api)
