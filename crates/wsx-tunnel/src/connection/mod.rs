@@ -28,11 +28,12 @@ mod handshake;
 pub(crate) mod params;
 mod receive;
 mod recovery;
+mod stats;
 mod timer;
 mod transmit;
 
 use crate::config::{FecMode, TransportConfig};
-use crate::congestion::{ControllerState, PathHint, PathParams};
+use crate::congestion::{PathHint, PathParams};
 use crate::crypto::{Keys, PublicKey, SecretKey};
 use crate::pacing::Pacer;
 use crate::replay::ReplayWindow;
@@ -52,11 +53,13 @@ pub(crate) use handshake::parse_initiation_payload;
 pub(crate) use handshake::{Accepted, Incoming, Rejected};
 use params::TransportParams;
 use recovery::{FrameOutcome, Recovery, SentFrame, Timeout};
+pub use stats::ConnectionStats;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use timer::{Timer, TimerTable};
+pub use transmit::Transmit;
 
 /// Something the application should know about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,47 +79,6 @@ pub enum Event {
     Control(Vec<u8>),
     /// The connection ended.
     ConnectionLost(ConnectionError),
-}
-
-/// Datagrams to send: `size` bytes at the start of the caller's buffer, cut into segments of
-/// `segment_size` (the last may be shorter) when there are several (GSO).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transmit {
-    pub destination: SocketAddr,
-    pub size: usize,
-    pub segment_size: Option<usize>,
-    /// When the pacer scheduled this burst to leave. A driver with kernel pacing
-    /// (`SO_TXTIME`) can hand it down; others send at once, since `poll_transmit` releases a
-    /// burst only when its time has come.
-    pub departure: Instant,
-}
-
-/// Counters of one connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct ConnectionStats {
-    pub packets_sent: u64,
-    pub bytes_sent: u64,
-    /// Packets that carried stream data, control messages or PINGs (they count against the
-    /// congestion window).
-    pub eliciting_sent: u64,
-    /// Packets that carried only an ACK: the reverse-path cost of reliability.
-    pub ack_only_sent: u64,
-    pub acks_sent: u64,
-    pub packets_received: u64,
-    pub bytes_received: u64,
-    pub packets_lost: u64,
-    pub bytes_lost: u64,
-    pub stream_bytes_sent: u64,
-    /// Datagrams dropped because they failed authentication.
-    pub auth_failures: u64,
-    /// Datagrams dropped as replays or too late for the replay window.
-    pub replays: u64,
-    pub pto_count: u64,
-    pub smoothed_rtt: Duration,
-    pub min_rtt: Duration,
-    pub congestion: Option<ControllerState>,
-    pub fec: FecStats,
 }
 
 #[derive(Debug)]

@@ -5,12 +5,26 @@
 //! possible.
 
 use super::recovery::SentFrame;
-use super::{Connection, State, Transmit};
+use super::{Connection, State};
 use crate::crypto::TAG_LEN;
 use crate::pacing::Pacer;
 use crate::wire::header::DATA_HEADER_LEN;
 use crate::wire::{DataHeader, Frame, Header, Writer};
+use std::net::SocketAddr;
 use std::time::Instant;
+
+/// Datagrams to send: `size` bytes at the start of the caller's buffer, cut into segments of
+/// `segment_size` (the last may be shorter) when there are several (GSO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub destination: SocketAddr,
+    pub size: usize,
+    pub segment_size: Option<usize>,
+    /// When the pacer scheduled this burst to leave. A driver with kernel pacing
+    /// (`SO_TXTIME`) can hand it down; others send at once, since `poll_transmit` releases a
+    /// burst only when its time has come.
+    pub departure: Instant,
+}
 
 /// Leftover room in a packet below which it is padded to full size, so that a burst's packets
 /// stay equal-sized for GSO.

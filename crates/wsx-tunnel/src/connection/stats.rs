@@ -1,0 +1,33 @@
+//! What a connection counts.
+
+use super::FecStats;
+use crate::congestion::ControllerState;
+use std::time::Duration;
+
+/// Counters of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ConnectionStats {
+    pub packets_sent: u64,
+    pub bytes_sent: u64,
+    /// Packets that carried stream data, control messages or PINGs (they count against the
+    /// congestion window).
+    pub eliciting_sent: u64,
+    /// Packets that carried only an ACK: the reverse-path cost of reliability.
+    pub ack_only_sent: u64,
+    pub acks_sent: u64,
+    pub packets_received: u64,
+    pub bytes_received: u64,
+    pub packets_lost: u64,
+    pub bytes_lost: u64,
+    pub stream_bytes_sent: u64,
+    /// Datagrams dropped because they failed authentication.
+    pub auth_failures: u64,
+    /// Datagrams dropped as replays or too late for the replay window.
+    pub replays: u64,
+    pub pto_count: u64,
+    pub smoothed_rtt: Duration,
+    pub min_rtt: Duration,
+    pub congestion: Option<ControllerState>,
+    pub fec: FecStats,
+}
