@@ -602,6 +602,18 @@ mod tests {
         Frames::new(bytes).collect()
     }
 
+    /// `frame`'s bytes, checked to be as long as `encoded_len` said and to parse back to it.
+    fn encoded(frame: &Frame<'_>) -> Vec<u8> {
+        let mut buf = [0u8; 512];
+        let mut w = Writer::new(&mut buf);
+        assert!(frame.encode_if_fits(&mut w), "{frame:?}");
+        let n = w.len();
+        let bytes = buf[..n].to_vec();
+        assert_eq!(bytes.len(), frame.encoded_len(), "{frame:?}");
+        assert_eq!(parse_all(&bytes), Ok(vec![frame.clone()]));
+        bytes
+    }
+
     #[test]
     fn open_round_trips_with_both_families() {
         let meta = StreamMeta {
@@ -611,17 +623,10 @@ mod tests {
             scenario: 70_000,
             hint: b"smb2".to_vec(),
         };
-        let id = StreamId(4);
-        let mut buf = [0u8; 128];
-        let frame = Frame::Open {
-            id,
+        encoded(&Frame::Open {
+            id: StreamId(4),
             meta: Cow::Borrowed(&meta),
-        };
-        let mut w = Writer::new(&mut buf);
-        frame.encode(&mut w);
-        let n = w.len();
-        assert_eq!(n, frame.encoded_len());
-        assert_eq!(parse_all(&buf[..n]), Ok(vec![frame]));
+        });
     }
 
     #[test]
@@ -636,19 +641,13 @@ mod tests {
             ..StreamMeta::default()
         };
         let id = StreamId(8);
-        let mut buf = [0u8; 128];
-        let frame = Frame::Open {
+        let bytes = encoded(&Frame::Open {
             id,
             meta: Cow::Borrowed(&meta),
-        };
-        let mut w = Writer::new(&mut buf);
-        frame.encode(&mut w);
-        let n = w.len();
-        assert_eq!(n, frame.encoded_len());
-        assert_eq!(parse_all(&buf[..n]), Ok(vec![frame.clone()]));
+        });
         // A name as the source, an empty name, bytes that are not UTF-8, unknown flags.
         let bad = |edit: &dyn Fn(&mut Vec<u8>)| {
-            let mut bytes = buf[..n].to_vec();
+            let mut bytes = bytes.clone();
             edit(&mut bytes);
             parse_all(&bytes).is_err()
         };
@@ -752,12 +751,7 @@ mod tests {
             }),
         ];
         for frame in frames {
-            let mut buf = [0u8; 512];
-            let mut w = Writer::new(&mut buf);
-            assert!(frame.encode_if_fits(&mut w), "{frame:?}");
-            let n = w.len();
-            assert_eq!(n, frame.encoded_len(), "{frame:?}");
-            assert_eq!(parse_all(&buf[..n]), Ok(vec![frame.clone()]));
+            let n = encoded(&frame).len();
             // One byte too few: nothing is written.
             let mut short = vec![0u8; n - 1];
             let mut w = Writer::new(&mut short);
