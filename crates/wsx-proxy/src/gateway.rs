@@ -17,11 +17,12 @@
 
 use crate::addrs::{ClientAddr, OrigDstAddr, canonical};
 use crate::chunked::{Chunked, Codec};
+use crate::config::{ForwardConfig, GatewayConfig, GatewayError, SocksConfig};
 use crate::peers::{self, FailurePolicy, Peer, PeerConfig, PeerStatus, PrefixTable};
 use crate::relay::{self, Outcome, Side, code};
-use crate::rules::{Rules, RulesConfig, RulesError};
+use crate::rules::{Rules, RulesError};
 use crate::session::{Ending, Entry, GatewayTotals, Route, SessionInfo, SessionState, Sessions};
-use crate::socks::{self, SocksUser};
+use crate::socks;
 use crate::sys::{self, LanSocketOptions};
 use std::collections::HashMap;
 use std::io;
@@ -34,9 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 use wsx_tunnel::driver::{Driver, Stream, Tunnel};
-use wsx_tunnel::{
-    ConnectionError, EndpointConfig, PublicKey, SecretKey, StreamMeta, Target, TransportConfig,
-};
+use wsx_tunnel::{ConnectionError, EndpointConfig, PublicKey, StreamMeta, Target};
 
 /// How long a handshake may take before the peer keeper starts over.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(4);
@@ -49,199 +48,8 @@ const CLOSE_SILENT: u64 = 1;
 /// The close code of a tunnel to a peer removed from the configuration.
 const CLOSE_REMOVED: u64 = 2;
 
-/// Everything the gateway needs.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct GatewayConfig {
-    pub secret: SecretKey,
-    /// The tunnel's UDP address.
-    pub tunnel_listen: SocketAddr,
-    pub transport: TransportConfig,
-    /// Transparent interception; `None` intercepts nothing (the far side of a tunnel only, or
-    /// entry points added later). With `transparent_origin` the rule for the servers'
-    /// replies is installed all the same.
-    pub intercept: Option<InterceptConfig>,
-    /// Re-originate inbound sessions from the client's own address, so the server sees the
-    /// real client (needs the server's replies to route through this gateway).
-    pub transparent_origin: bool,
-    pub peers: Vec<PeerConfig>,
-    /// Explicit entry points: plain listeners whose connections go to a fixed destination
-    /// through a named peer. They need no privileges (unprivileged ports) and no rules.
-    pub forwards: Vec<ForwardConfig>,
-    /// SOCKS5 listeners: like forwarding listeners, but each client names its destination.
-    pub socks: Vec<SocksConfig>,
-    pub sessions: SessionConfig,
-}
-
-/// A SOCKS5 listener (CONNECT; RFC 1929 authentication when `users` is not empty). Every
-/// session goes through `peer`, whose gateway connects to the destination the client asked
-/// for, resolving names there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SocksConfig {
-    pub name: String,
-    pub listen: SocketAddr,
-    pub peer: String,
-    pub users: Vec<SocksUser>,
-}
-
-impl SocksConfig {
-    pub fn new(name: impl Into<String>, listen: SocketAddr, peer: impl Into<String>) -> Self {
-        Self {
-            name: name.into(),
-            listen,
-            peer: peer.into(),
-            users: Vec::new(),
-        }
-    }
-}
-
 /// How long a SOCKS client may take over its handshake.
 const SOCKS_HANDSHAKE: Duration = Duration::from_secs(10);
-
-/// A forwarding listener: connections to `listen` are carried through `peer`'s tunnel,
-/// and the far gateway connects to `to` (resolving a name there).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ForwardConfig {
-    /// Names the listener in sessions, logs and the API.
-    pub name: String,
-    pub listen: SocketAddr,
-    pub to: Target,
-    /// The peer whose tunnel carries it; its health, secondary and `on_failure` apply (a
-    /// bypass connects to `to` from this gateway).
-    pub peer: String,
-}
-
-impl ForwardConfig {
-    pub fn new(
-        name: impl Into<String>,
-        listen: SocketAddr,
-        to: Target,
-        peer: impl Into<String>,
-    ) -> Self {
-        Self {
-            name: name.into(),
-            listen,
-            to,
-            peer: peer.into(),
-        }
-    }
-}
-
-impl GatewayConfig {
-    pub fn new(secret: SecretKey, tunnel_listen: SocketAddr) -> Self {
-        Self {
-            secret,
-            tunnel_listen,
-            transport: TransportConfig::default(),
-            intercept: None,
-            transparent_origin: true,
-            peers: Vec::new(),
-            forwards: Vec::new(),
-            socks: Vec::new(),
-            sessions: SessionConfig::default(),
-        }
-    }
-
-    /// The rules this configuration needs: interception, and the rule that brings the
-    /// servers' replies to our transparent sockets. Re-originating from clients' addresses
-    /// needs the latter even without interception (then with the default mark and table,
-    /// and empty prefix sets).
-    fn rules(&self, table: &PrefixTable) -> Option<RulesConfig> {
-        let (intercept, prefixes) = match &self.intercept {
-            Some(i) => (i.clone(), table.prefixes()),
-            None if self.transparent_origin => (InterceptConfig::default(), Vec::new()),
-            None => return None,
-        };
-        Some(RulesConfig {
-            port: intercept.port,
-            mark: intercept.mark,
-            route_table: intercept.route_table,
-            rule_priority: intercept.rule_priority,
-            interfaces: intercept.interfaces,
-            prefixes,
-        })
-    }
-}
-
-/// Transparent interception settings; see [`crate::rules`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct InterceptConfig {
-    pub port: u16,
-    pub mark: u32,
-    pub route_table: u32,
-    pub rule_priority: u32,
-    pub interfaces: Vec<String>,
-}
-
-impl Default for InterceptConfig {
-    fn default() -> Self {
-        Self {
-            port: 4501,
-            // "ws" in ASCII: easy to recognise in `ip rule` output.
-            mark: 0x7773,
-            route_table: 119,
-            rule_priority: 10119,
-            interfaces: Vec::new(),
-        }
-    }
-}
-
-/// Limits and timers of sessions. All of them can change on reload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SessionConfig {
-    /// Sessions at once (both directions); beyond it new intercepted connections bypass and
-    /// inbound streams are refused.
-    pub max_sessions: usize,
-    /// The relay's buffer per direction per session. With the tunnel's stream buffers this
-    /// bounds a session's memory.
-    pub relay_buffer: usize,
-    pub connect_timeout: Duration,
-    /// A session with no traffic either way for this long is reset.
-    pub idle_timeout: Duration,
-    /// TCP keepalive on LAN sockets.
-    pub tcp_keepalive: Option<Duration>,
-    /// A peer not heard from for this long is down.
-    pub health_timeout: Duration,
-}
-
-impl Default for SessionConfig {
-    fn default() -> Self {
-        Self {
-            max_sessions: 100_000,
-            relay_buffer: 64 * 1024,
-            connect_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(2 * 3600),
-            tcp_keepalive: Some(Duration::from_secs(60)),
-            health_timeout: Duration::from_secs(2),
-        }
-    }
-}
-
-/// Errors from starting or reconfiguring the gateway.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GatewayError {
-    /// The tunnel's UDP socket could not be bound.
-    #[error("binding the tunnel socket {addr}: {source}")]
-    TunnelSocket { addr: SocketAddr, source: io::Error },
-    /// A transparent listener could not be bound.
-    #[error("binding the transparent listener {addr}: {source}")]
-    Listener { addr: SocketAddr, source: io::Error },
-    /// The interception rules could not be installed or changed.
-    #[error("interception rules: {0}")]
-    Rules(#[from] RulesError),
-    /// The new configuration changes something only a restart can.
-    #[error("{0} cannot change without a restart")]
-    NeedsRestart(&'static str),
-    /// Two peers share a name or a key, or a secondary names no peer, or a forwarding
-    /// listener names no peer.
-    #[error("peer configuration: {0}")]
-    Peers(String),
-}
 
 /// A running gateway. Dropping it without [`Gateway::shutdown`] leaves the rules installed;
 /// call `shutdown`.
@@ -292,7 +100,7 @@ struct PeerEntry {
 impl Gateway {
     /// Binds the tunnel socket and the listeners, installs the rules and starts serving.
     pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
-        validate_peers(&config)?;
+        config.validate_peers()?;
         let mut transport = config.transport.clone();
         // Both ends PING at a quarter of the health timeout when idle, so that a silent
         // tunnel means a dead peer.
@@ -369,34 +177,10 @@ impl Gateway {
     /// Established sessions are kept. The key, the tunnel address, the transport settings
     /// (`max_datagram`, `max_rate`), the listeners and interception on/off need a restart.
     pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
-        validate_peers(&config)?;
+        config.validate_peers()?;
         let old = self.inner.config();
-        if config.secret.public_key() != old.secret.public_key() {
-            return Err(GatewayError::NeedsRestart("the private key"));
-        }
-        if config.tunnel_listen != old.tunnel_listen {
-            return Err(GatewayError::NeedsRestart("the tunnel address"));
-        }
-        // The driver's endpoint took its transport settings at start.
-        if config.transport.max_datagram != old.transport.max_datagram
-            || config.transport.max_rate != old.transport.max_rate
-        {
-            return Err(GatewayError::NeedsRestart(
-                "the tunnel's max_datagram or max_rate_mbit",
-            ));
-        }
-        if config.forwards != old.forwards || config.socks != old.socks {
-            return Err(GatewayError::NeedsRestart(
-                "the forwarding and SOCKS listeners",
-            ));
-        }
-        let none = PrefixTable::default();
-        if config.intercept.as_ref().map(|i| i.port) != old.intercept.as_ref().map(|i| i.port)
-            || config.rules(&none).is_some() != old.rules(&none).is_some()
-        {
-            return Err(GatewayError::NeedsRestart(
-                "interception on/off, its port, or transparent origin without interception",
-            ));
+        if let Some(what) = old.needs_restart(&config) {
+            return Err(GatewayError::NeedsRestart(what));
         }
         let limit_change = config.sessions.max_sessions as i64 - old.sessions.max_sessions as i64;
         *self
@@ -551,42 +335,6 @@ impl Gateway {
         }
         warn!("tasks still running at shutdown; closing the tunnels without waiting");
     }
-}
-
-fn validate_peers(config: &GatewayConfig) -> Result<(), GatewayError> {
-    let peers = &config.peers;
-    let entries = config
-        .forwards
-        .iter()
-        .map(|f| (&f.name, &f.peer))
-        .chain(config.socks.iter().map(|s| (&s.name, &s.peer)));
-    for (name, peer) in entries {
-        if !peers.iter().any(|p| &p.name == peer) {
-            return Err(GatewayError::Peers(format!(
-                "listener \"{name}\": \"{peer}\" is not a configured peer"
-            )));
-        }
-    }
-    for (i, p) in peers.iter().enumerate() {
-        if let Some(other) = peers[..i]
-            .iter()
-            .find(|o| o.name == p.name || o.public_key == p.public_key)
-        {
-            return Err(GatewayError::Peers(format!(
-                "peers \"{}\" and \"{}\" share a name or a public key",
-                other.name, p.name
-            )));
-        }
-        if let Some(secondary) = &p.secondary {
-            if secondary == &p.name || !peers.iter().any(|o| &o.name == secondary) {
-                return Err(GatewayError::Peers(format!(
-                    "peer \"{}\": secondary \"{secondary}\" is not another configured peer",
-                    p.name
-                )));
-            }
-        }
-    }
-    Ok(())
 }
 
 fn bind_listeners(port: u16) -> Result<Vec<TcpListener>, GatewayError> {

@@ -20,12 +20,15 @@
 //!   and reset propagation, byte counts and an idle timeout.
 //! - `session`: the table of live sessions (each can be killed), and the gateway's running
 //!   totals: sessions opened, ended and refused, bytes by peer and route.
+//! - `config`: [`GatewayConfig`] and its parts, and the one check of the peers and the
+//!   listeners' references to them ([`GatewayConfig::validate_peers`]).
 //! - [`Gateway`]: ties them together; see `gateway.rs` for the data flow.
 //!
 //! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
 
 pub mod addrs;
 mod chunked;
+mod config;
 mod gateway;
 mod peers;
 mod relay;
@@ -36,10 +39,11 @@ pub mod sys;
 
 pub use addrs::{ClientAddr, OrigDstAddr};
 pub use chunked::CompressionStats;
-pub use gateway::{
-    ForwardConfig, Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig,
-    SocksConfig,
+pub use config::{
+    ForwardConfig, GatewayConfig, GatewayError, InterceptConfig, ListenerKind, PeerConfigError,
+    SessionConfig, SocksConfig,
 };
+pub use gateway::Gateway;
 pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus, TunnelStatus};
 pub use relay::code as reset_code;
 pub use session::{Entry, GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};
