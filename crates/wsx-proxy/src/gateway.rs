@@ -18,8 +18,9 @@
 use crate::addrs::{ClientAddr, OrigDstAddr, canonical};
 use crate::chunked::{Chunked, Codec};
 use crate::config::{ForwardConfig, GatewayConfig, GatewayError, SocksConfig};
-use crate::peers::{self, FailurePolicy, Peer, PeerConfig, PeerStatus, PrefixTable};
+use crate::peers::{self, Peer, PeerConfig, PeerStatus, PrefixTable};
 use crate::relay::{self, Outcome, Side, code};
+use crate::routing::{self, Candidate, Decision};
 use crate::rules::{Rules, RulesError};
 use crate::session::{Ending, Entry, GatewayTotals, Route, SessionInfo, SessionState, Sessions};
 use crate::socks;
@@ -356,20 +357,13 @@ fn bind_listeners(port: u16) -> Result<Vec<TcpListener>, GatewayError> {
     Ok(listeners)
 }
 
-/// Where a new intercepted connection goes.
-enum Decision {
-    Tunnel {
-        peer: String,
-        tunnel: Tunnel,
-        codec: Codec,
-    },
-    Bypass {
-        peer: Option<String>,
-        reason: &'static str,
-    },
-    Reject {
-        peer: String,
-    },
+/// How a connection's peer is found.
+#[derive(Debug)]
+enum PeerSelector {
+    /// The peer with the longest prefix holding the address.
+    Prefix(IpAddr),
+    /// The peer configured under the name.
+    Named(String),
 }
 
 impl Inner {
@@ -615,9 +609,9 @@ impl Inner {
             let client = ClientAddr(canonical(client));
             let this = self.clone();
             self.sessions_tracker.spawn(async move {
-                let decision = this.decide(destination);
                 let to = (Target::Addr(destination.0), Entry::Intercepted);
-                this.outbound(tcp, client, to, decision).await
+                let peer = PeerSelector::Prefix(destination.0.ip());
+                this.outbound(tcp, client, to, peer).await
             });
         }
     }
@@ -630,9 +624,9 @@ impl Inner {
             let this = self.clone();
             let forward = forward.clone();
             self.sessions_tracker.spawn(async move {
-                let decision = this.decide_by_name(&forward.peer);
+                let peer = PeerSelector::Named(forward.peer.clone());
                 let entry = Entry::Forward(forward.name.clone());
-                this.outbound(tcp, client, (forward.to.clone(), entry), decision)
+                this.outbound(tcp, client, (forward.to.clone(), entry), peer)
                     .await
             });
         }
@@ -662,74 +656,26 @@ impl Inner {
                         return;
                     }
                 };
-                let decision = this.decide_by_name(&config.peer);
+                let peer = PeerSelector::Named(config.peer.clone());
                 let entry = Entry::Socks(config.name.clone());
-                this.outbound(tcp, client, (destination, entry), decision)
+                this.outbound(tcp, client, (destination, entry), peer)
                     .await
             });
         }
     }
 
-    /// Where a connection for the peer named `name` goes.
-    fn decide_by_name(&self, name: &str) -> Decision {
-        let set = self.peer_set();
-        self.decide_for(&set, set.by_name(name))
-    }
-
-    /// Where an intercepted connection goes: the peer serving its destination's prefix.
-    fn decide(&self, destination: OrigDstAddr) -> Decision {
-        let set = self.peer_set();
-        let peer = set.table.lookup(destination.0.ip()).cloned();
-        self.decide_for(&set, peer.as_ref())
-    }
-
-    /// Where a connection for `peer` goes: its tunnel, its secondary's, or its failure
-    /// policy.
-    fn decide_for(&self, set: &PeerSet, peer: Option<&Arc<Peer>>) -> Decision {
+    /// Where a connection for the peer `selector` finds goes, given whether a session slot
+    /// is free: the peer's tunnel, its secondary's, or its failure policy.
+    fn decide(&self, selector: &PeerSelector, slot_free: bool) -> Decision<(Tunnel, Codec)> {
         let health = self.config().sessions.health_timeout;
-        let Some(peer) = peer else {
-            return Decision::Bypass {
-                peer: None,
-                reason: "no peer serves the destination",
-            };
+        let set = self.peer_set();
+        let peer = match selector {
+            PeerSelector::Prefix(ip) => set.table.lookup(*ip),
+            PeerSelector::Named(name) => set.by_name(name),
         };
-        let config = peer.config();
-        if config.force_bypass {
-            return Decision::Bypass {
-                peer: Some(config.name),
-                reason: "bypass forced",
-            };
-        }
-        if let Some(tunnel) = peer.usable_tunnel(health) {
-            return Decision::Tunnel {
-                peer: config.name,
-                tunnel,
-                codec: peer.codec(),
-            };
-        }
-        let secondary = config.secondary.as_ref().and_then(|name| {
-            set.by_name(name).and_then(|p| {
-                let c = p.config();
-                (!c.force_bypass)
-                    .then(|| p.usable_tunnel(health))
-                    .flatten()
-                    .map(|t| (c.name, t, p.codec()))
-            })
-        });
-        if let Some((name, tunnel, codec)) = secondary {
-            return Decision::Tunnel {
-                peer: name,
-                tunnel,
-                codec,
-            };
-        }
-        match config.on_failure {
-            FailurePolicy::Reject => Decision::Reject { peer: config.name },
-            FailurePolicy::Bypass => Decision::Bypass {
-                peer: Some(config.name),
-                reason: "peer down",
-            },
-        }
+        routing::decide(slot_free, peer.map(|p| candidate(p, health)), |name| {
+            set.by_name(name).map(|p| candidate(p, health))
+        })
     }
 
     /// A connection accepted here (intercepted, or by a forwarding listener), going to
@@ -739,7 +685,7 @@ impl Inner {
         mut tcp: TcpStream,
         client: ClientAddr,
         (destination, entry): (Target, Entry),
-        decision: Decision,
+        selector: PeerSelector,
     ) {
         let config = self.config();
         let options = LanSocketOptions {
@@ -748,7 +694,6 @@ impl Inner {
         if let Err(e) = sys::tune(&tcp, &options) {
             debug!(error = %e, "tuning the client socket");
         }
-        let mut decision = decision;
         // Only an intercepted client is on a LAN the far side (or a bypass) may speak for.
         let transparent = entry == Entry::Intercepted;
         // A SOCKS client waits for the answer to its request before it sends data.
@@ -756,12 +701,8 @@ impl Inner {
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
             self.sessions.totals.count(Ending::RefusedLimit);
-            decision = Decision::Bypass {
-                peer: None,
-                reason: "session limit reached",
-            };
         }
-        let (peer, route, stream) = match decision {
+        let (peer, route, stream) = match self.decide(&selector, permit.is_some()) {
             Decision::Reject { peer } => {
                 info!(%client, %destination, %peer, "peer down; connection rejected");
                 self.sessions.totals.count(Ending::RefusedPeerDown);
@@ -774,8 +715,7 @@ impl Inner {
             }
             Decision::Tunnel {
                 peer,
-                tunnel,
-                codec,
+                tunnel: (tunnel, codec),
             } => {
                 let meta = StreamMeta {
                     source: Some(client.0),
@@ -792,7 +732,7 @@ impl Inner {
                 }
             }
             Decision::Bypass { peer, reason } => {
-                debug!(%client, %destination, reason, "bypass");
+                debug!(%client, %destination, reason = reason.as_str(), "bypass");
                 (peer, Route::Bypass, None)
             }
         };
@@ -955,6 +895,18 @@ impl Inner {
             Outcome::Shutdown => Ending::Shutdown,
         });
         log_outcome(session, outcome);
+    }
+}
+
+/// `peer` as routing sees it now.
+fn candidate(peer: &Peer, health: Duration) -> Candidate<(Tunnel, Codec)> {
+    let config = peer.config();
+    Candidate {
+        name: config.name,
+        force_bypass: config.force_bypass,
+        tunnel: peer.usable_tunnel(health).map(|t| (t, peer.codec())),
+        secondary: config.secondary,
+        on_failure: config.on_failure,
     }
 }
 

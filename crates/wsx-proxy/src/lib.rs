@@ -22,6 +22,8 @@
 //!   totals: sessions opened, ended and refused, bytes by peer and route.
 //! - `config`: [`GatewayConfig`] and its parts, and the one check of the peers and the
 //!   listeners' references to them ([`GatewayConfig::validate_peers`]).
+//! - `routing`: where a new connection goes (tunnel, secondary, bypass, reject), a pure
+//!   function with a test per branch.
 //! - [`Gateway`]: ties them together; see `gateway.rs` for the data flow.
 //!
 //! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
@@ -32,6 +34,7 @@ mod config;
 mod gateway;
 mod peers;
 mod relay;
+mod routing;
 pub mod rules;
 mod session;
 mod socks;
