@@ -3,6 +3,7 @@
 //! ```text
 //!  LAN client ─TCP─> transparent listener ─> decide(destination's peer by prefix)
 //!  any client ─TCP─> forwarding listener ──> decide(its configured peer), destination = its `to`
+//!  any client ─TCP─> SOCKS5 listener ──────> decide(its configured peer), destination = asked for
 //!                       ├─ peer healthy ──> tunnel stream ═══> peer: connect to destination
 //!                       ├─ secondary healthy ─> its tunnel stream
 //!                       ├─ policy bypass ──> direct TCP to destination (from the client's address)
@@ -10,24 +11,32 @@
 //!  peer ═══> tunnel stream ─> connect to meta.destination (from meta.source if transparent) ─TCP─> server
 //! ```
 //!
+//! The entry points and their accept loop are [`crate::listener`]; where a connection goes
+//! is [`crate::routing`].
+//!
 //! Tasks: one per listener, one accepting tunnels, one per peer with an endpoint (connect,
 //! watch health, reconnect), one watching each accepted tunnel, one serving each tunnel's
 //! incoming streams, one per session. Sessions are tracked so that shutdown can wait for them
 //! up to a deadline and then abort the rest.
 
-use crate::addrs::{ClientAddr, OrigDstAddr, canonical};
+use crate::addrs::ClientAddr;
 use crate::chunked::{Chunked, Codec};
-use crate::config::{ForwardConfig, GatewayConfig, GatewayError, SocksConfig};
+use crate::config::{GatewayConfig, GatewayError};
+use crate::listener::{
+    self, Admission, Answer, EntryPoint, Forwarding, Intercepted, PeerSelector, Socks,
+};
 use crate::peers::{self, Peer, PeerConfig, PeerStatus, PrefixTable};
 use crate::relay::{self, Outcome, Side, code};
 use crate::routing::{self, Candidate, Decision};
 use crate::rules::{Rules, RulesError};
-use crate::session::{Ending, Entry, GatewayTotals, Route, SessionInfo, SessionState, Sessions};
-use crate::socks;
+use crate::session::{
+    Ending, Entry, GatewayTotals, Route, Session, SessionInfo, SessionState, Sessions,
+};
 use crate::sys::{self, LanSocketOptions};
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
@@ -49,9 +58,6 @@ const CLOSE_SILENT: u64 = 1;
 /// The close code of a tunnel to a peer removed from the configuration.
 const CLOSE_REMOVED: u64 = 2;
 
-/// How long a SOCKS client may take over its handshake.
-const SOCKS_HANDSHAKE: Duration = Duration::from_secs(10);
-
 /// A running gateway. Dropping it without [`Gateway::shutdown`] leaves the rules installed;
 /// call `shutdown`.
 #[derive(Debug)]
@@ -59,6 +65,7 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
+/// What the gateway's tasks share.
 #[derive(Debug)]
 struct Inner {
     driver: Driver,
@@ -75,6 +82,7 @@ struct Inner {
     sessions_tracker: TaskTracker,
 }
 
+/// The configured peers, by key, and the prefix table built from them.
 #[derive(Debug, Default)]
 struct PeerSet {
     by_key: HashMap<PublicKey, PeerEntry>,
@@ -102,36 +110,21 @@ impl Gateway {
     /// Binds the tunnel socket and the listeners, installs the rules and starts serving.
     pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
         config.validate_peers()?;
-        let mut transport = config.transport.clone();
-        // Both ends PING at a quarter of the health timeout when idle, so that a silent
-        // tunnel means a dead peer.
-        transport.keepalive = transport.keepalive.min(config.sessions.health_timeout / 4);
-        let mut endpoint = EndpointConfig::new(
-            config.secret.clone(),
-            config.peers.iter().map(|p| p.public_key).collect(),
-            fastrand::u64(..),
-        );
-        endpoint.transport = transport;
-        let driver = Driver::bind(config.tunnel_listen, endpoint).map_err(|source| {
-            GatewayError::TunnelSocket {
-                addr: config.tunnel_listen,
-                source,
-            }
-        })?;
+        let driver = bind_tunnel(&config)?;
         info!(address = %driver.local_addr(), public_key = %driver.public_key(), "tunnel listening");
-        let listeners = match &config.intercept {
-            Some(intercept) => bind_listeners(intercept.port)?,
+        let transparent = match &config.intercept {
+            Some(intercept) => listener::bind_transparent(intercept.port)?,
             None => Vec::new(),
         };
         let mut forwards = Vec::new();
         for forward in &config.forwards {
-            let listener = bind_listener(forward.listen).await?;
+            let listener = listener::bind(forward.listen).await?;
             info!(name = %forward.name, address = %forward.listen, to = %forward.to, peer = %forward.peer, "forwarding listener");
             forwards.push((listener, forward.clone()));
         }
         let mut socks = Vec::new();
         for s in &config.socks {
-            let listener = bind_listener(s.listen).await?;
+            let listener = listener::bind(s.listen).await?;
             info!(name = %s.name, address = %s.listen, peer = %s.peer, authentication = !s.users.is_empty(), "SOCKS5 listener");
             socks.push((listener, s.clone()));
         }
@@ -148,27 +141,15 @@ impl Gateway {
             sessions_tracker: TaskTracker::new(),
         });
         inner.apply_peers(&config.peers);
-        let table = inner.peer_set().table.clone();
-        if let Some(rules) = config.rules(&table) {
-            let installed = tokio::task::spawn_blocking(move || Rules::install(rules))
-                .await
-                .map_err(|e| {
-                    GatewayError::Rules(RulesError::Failed {
-                        command: "install".into(),
-                        stderr: e.to_string(),
-                    })
-                })??;
-            info!(table = crate::rules::TABLE, "interception rules installed");
-            *inner.lock_rules() = Some(installed);
-        }
-        for listener in listeners {
-            tokio::spawn(inner.clone().accept_connections(listener));
+        inner.install_rules(&config).await?;
+        for listener in transparent {
+            inner.spawn_accept(listener, Intercepted);
         }
         for (listener, forward) in forwards {
-            tokio::spawn(inner.clone().accept_forwarded(listener, forward));
+            inner.spawn_accept(listener, Forwarding(forward));
         }
         for (listener, s) in socks {
-            tokio::spawn(inner.clone().accept_socks(listener, s));
+            inner.spawn_accept(listener, Socks(s));
         }
         tokio::spawn(inner.clone().accept_tunnels());
         Ok(Self { inner })
@@ -183,46 +164,18 @@ impl Gateway {
         if let Some(what) = old.needs_restart(&config) {
             return Err(GatewayError::NeedsRestart(what));
         }
-        let limit_change = config.sessions.max_sessions as i64 - old.sessions.max_sessions as i64;
         *self
             .inner
             .config
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Arc::new(config.clone());
-        if limit_change > 0 {
-            self.inner.slots.add_permits(limit_change as usize);
-        } else if limit_change < 0 {
-            // Permits held by live sessions come back later and are then forgotten.
-            let slots = self.inner.slots.clone();
-            let mut missing = (-limit_change) as usize;
-            missing -= slots.forget_permits(missing);
-            if missing > 0 {
-                tokio::spawn(async move {
-                    if let Ok(permits) = slots.acquire_many(missing as u32).await {
-                        permits.forget();
-                    }
-                });
-            }
-        }
+        self.inner
+            .resize_slots(old.sessions.max_sessions, config.sessions.max_sessions);
         self.inner
             .driver
             .set_peers(config.peers.iter().map(|p| p.public_key).collect());
         self.inner.apply_peers(&config.peers);
-        let table = self.inner.peer_set().table.clone();
-        if let Some(rules) = config.rules(&table) {
-            let inner = self.inner.clone();
-            tokio::task::spawn_blocking(move || match inner.lock_rules().as_mut() {
-                Some(installed) => installed.update(rules),
-                None => Ok(()),
-            })
-            .await
-            .map_err(|e| {
-                GatewayError::Rules(RulesError::Failed {
-                    command: "update".into(),
-                    stderr: e.to_string(),
-                })
-            })??;
-        }
+        self.inner.update_rules(&config).await?;
         info!(peers = config.peers.len(), "configuration reloaded");
         Ok(())
     }
@@ -300,30 +253,12 @@ impl Gateway {
             .ok(),
             None => None,
         };
-        inner.sessions_tracker.close();
-        let live = inner.sessions.len();
-        if live > 0 {
-            info!(sessions = live, deadline = ?deadline, "draining sessions");
-        }
-        if tokio::time::timeout(deadline, inner.sessions_tracker.wait())
-            .await
-            .is_err()
-        {
-            warn!(
-                sessions = inner.sessions.len(),
-                "drain deadline passed; aborting the rest"
-            );
-            inner.kill.cancel();
-            inner.sessions_tracker.wait().await;
-        }
+        inner.drain_sessions(deadline).await;
         if let Some(rules) = rules {
             let _ = tokio::task::spawn_blocking(move || rules.remove()).await;
             info!("interception rules removed");
         }
-        for entry in inner.peer_set().by_key.values() {
-            log_compression_totals(&entry.peer);
-            entry.cancel.cancel();
-        }
+        inner.stop_peers();
         // The cancelled tasks let go of the gateway within a few polls; then the driver can
         // close the tunnels and wait for the CLOSE frames to leave.
         let mut inner = inner;
@@ -338,32 +273,21 @@ impl Gateway {
     }
 }
 
-fn bind_listeners(port: u16) -> Result<Vec<TcpListener>, GatewayError> {
-    let mut listeners = Vec::new();
-    for ip in [
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    ] {
-        let addr = SocketAddr::new(ip, port);
-        match sys::transparent_listener(addr) {
-            Ok(l) => listeners.push(l),
-            // A host without IPv6 still serves IPv4.
-            Err(e) if ip.is_ipv6() && e.kind() == io::ErrorKind::AddrNotAvailable => {
-                warn!(error = %e, "no IPv6: intercepting IPv4 only");
-            }
-            Err(source) => return Err(GatewayError::Listener { addr, source }),
-        }
-    }
-    Ok(listeners)
-}
-
-/// How a connection's peer is found.
-#[derive(Debug)]
-enum PeerSelector {
-    /// The peer with the longest prefix holding the address.
-    Prefix(IpAddr),
-    /// The peer configured under the name.
-    Named(String),
+/// The tunnel's driver on its UDP socket. Both ends PING at a quarter of the health timeout
+/// when idle, so that a silent tunnel means a dead peer.
+fn bind_tunnel(config: &GatewayConfig) -> Result<Driver, GatewayError> {
+    let mut transport = config.transport.clone();
+    transport.keepalive = transport.keepalive.min(config.sessions.health_timeout / 4);
+    let mut endpoint = EndpointConfig::new(
+        config.secret.clone(),
+        config.peers.iter().map(|p| p.public_key).collect(),
+        fastrand::u64(..),
+    );
+    endpoint.transport = transport;
+    Driver::bind(config.tunnel_listen, endpoint).map_err(|source| GatewayError::TunnelSocket {
+        addr: config.tunnel_listen,
+        source,
+    })
 }
 
 impl Inner {
@@ -382,6 +306,102 @@ impl Inner {
         self.rules.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Runs `listener`'s accept loop: each connection `entry_point` admits becomes an
+    /// outbound session.
+    fn spawn_accept<E: EntryPoint>(self: &Arc<Self>, listener: TcpListener, entry_point: E) {
+        let inner = self.clone();
+        tokio::spawn(listener::accept(
+            listener,
+            Arc::new(entry_point),
+            self.stop.clone(),
+            self.sessions_tracker.clone(),
+            move |entry_point, tcp, client, admission| {
+                inner.clone().outbound(entry_point, tcp, client, admission)
+            },
+        ));
+    }
+
+    /// Installs the rules `config` needs, if any, for the peers' prefixes.
+    async fn install_rules(&self, config: &GatewayConfig) -> Result<(), GatewayError> {
+        let table = self.peer_set().table.clone();
+        let Some(rules) = config.rules(&table) else {
+            return Ok(());
+        };
+        let installed = tokio::task::spawn_blocking(move || Rules::install(rules))
+            .await
+            .map_err(|e| {
+                GatewayError::Rules(RulesError::Failed {
+                    command: "install".into(),
+                    stderr: e.to_string(),
+                })
+            })??;
+        info!(table = crate::rules::TABLE, "interception rules installed");
+        *self.lock_rules() = Some(installed);
+        Ok(())
+    }
+
+    /// Rewrites the installed rules for `config` and the peers' prefixes.
+    async fn update_rules(self: &Arc<Self>, config: &GatewayConfig) -> Result<(), GatewayError> {
+        let table = self.peer_set().table.clone();
+        let Some(rules) = config.rules(&table) else {
+            return Ok(());
+        };
+        let inner = self.clone();
+        tokio::task::spawn_blocking(move || match inner.lock_rules().as_mut() {
+            Some(installed) => installed.update(rules),
+            None => Ok(()),
+        })
+        .await
+        .map_err(|e| {
+            GatewayError::Rules(RulesError::Failed {
+                command: "update".into(),
+                stderr: e.to_string(),
+            })
+        })??;
+        Ok(())
+    }
+
+    /// Changes the number of session slots from `old` to `new`. Slots held by live sessions
+    /// come back later and are then forgotten.
+    fn resize_slots(&self, old: usize, new: usize) {
+        if new > old {
+            self.slots.add_permits(new - old);
+        } else if new < old {
+            let slots = self.slots.clone();
+            let mut missing = old - new;
+            missing -= slots.forget_permits(missing);
+            if missing > 0 {
+                tokio::spawn(async move {
+                    if let Ok(permits) = slots.acquire_many(missing as u32).await {
+                        permits.forget();
+                    }
+                });
+            }
+        }
+    }
+
+    /// Waits for the sessions to end, up to `deadline`; then aborts the rest.
+    async fn drain_sessions(&self, deadline: Duration) {
+        self.sessions_tracker.close();
+        let live = self.sessions.len();
+        if live > 0 {
+            info!(sessions = live, deadline = ?deadline, "draining sessions");
+        }
+        if tokio::time::timeout(deadline, self.sessions_tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                sessions = self.sessions.len(),
+                "drain deadline passed; aborting the rest"
+            );
+            self.kill.cancel();
+            self.sessions_tracker.wait().await;
+        }
+    }
+}
+
+impl Inner {
     /// Brings the peer set in line with `configs`: new peers start, removed ones stop and
     /// their tunnels close, changed ones keep their tunnels unless the endpoint changed.
     fn apply_peers(self: &Arc<Self>, configs: &[PeerConfig]) {
@@ -582,110 +602,75 @@ impl Inner {
         }
     }
 
-    /// The next connection on `listener`, or `None` once the gateway stops taking new work.
-    async fn next_connection(&self, listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
-        loop {
-            tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(accepted) => return Some(accepted),
-                    Err(e) => {
-                        // Out of descriptors or memory: back off rather than spin.
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-                () = self.stop.cancelled() => return None,
-            }
+    /// Stops every peer's keeper and watchers (their tunnels leave service and log their
+    /// totals), logging what compression did for each peer.
+    fn stop_peers(&self) {
+        for entry in self.peer_set().by_key.values() {
+            log_compression_totals(&entry.peer);
+            entry.cancel.cancel();
         }
     }
+}
 
-    /// Connections the rules sent to a transparent listener.
-    async fn accept_connections(self: Arc<Self>, listener: TcpListener) {
-        while let Some((tcp, client)) = self.next_connection(&listener).await {
-            let destination = match tcp.local_addr() {
-                Ok(a) => OrigDstAddr(canonical(a)),
-                Err(_) => continue,
-            };
-            let client = ClientAddr(canonical(client));
-            let this = self.clone();
-            self.sessions_tracker.spawn(async move {
-                let to = (Target::Addr(destination.0), Entry::Intercepted);
-                let peer = PeerSelector::Prefix(destination.0.ip());
-                this.outbound(tcp, client, to, peer).await
-            });
-        }
+/// What a tunnel carried in its life, logged for operators when it leaves service:
+/// packets, losses and FEC (the API shows the same counters while it is in service).
+fn log_tunnel_totals(tunnel: &Tunnel) {
+    let t = tunnel.stats();
+    info!(
+        packets_sent = t.eliciting_sent,
+        bytes_sent = t.bytes_sent,
+        packets_lost = t.packets_lost,
+        fec_parity_sent = t.fec.parity_sent,
+        fec_parity_bytes = t.fec.parity_bytes_sent,
+        fec_recovered_by_peer = t.fec.recovered_by_peer,
+        fec_recovered = t.fec.recovered,
+        fec_unrecoverable_groups = t.fec.unrecoverable_groups,
+        "tunnel totals"
+    );
+}
+
+/// What compression did for a peer's sessions since the start, logged at shutdown.
+fn log_compression_totals(peer: &Peer) {
+    let c = peer.compression();
+    info!(
+        peer = %peer.config().name,
+        plain_sent = c.plain_sent,
+        wire_sent = c.wire_sent,
+        chunks_deflated = c.chunks_deflated,
+        chunks_incompressible = c.chunks_incompressible,
+        chunks_stored = c.chunks_stored,
+        compress_ms = c.compress_time.as_millis() as u64,
+        wire_received = c.wire_received,
+        plain_received = c.plain_received,
+        inflate_ms = c.inflate_time.as_millis() as u64,
+        "compression totals"
+    );
+}
+
+/// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
+/// hours does not flood the journal.
+fn log_failure(failures: u32, what: &str, endpoint: SocketAddr) {
+    if failures <= 3 || failures % 10 == 0 {
+        warn!(%endpoint, failures, "{what}");
     }
+}
 
-    /// Connections to a forwarding listener.
-    async fn accept_forwarded(self: Arc<Self>, listener: TcpListener, forward: ForwardConfig) {
-        let forward = Arc::new(forward);
-        while let Some((tcp, client)) = self.next_connection(&listener).await {
-            let client = ClientAddr(canonical(client));
-            let this = self.clone();
-            let forward = forward.clone();
-            self.sessions_tracker.spawn(async move {
-                let peer = PeerSelector::Named(forward.peer.clone());
-                let entry = Entry::Forward(forward.name.clone());
-                this.outbound(tcp, client, (forward.to.clone(), entry), peer)
-                    .await
-            });
-        }
+async fn sleep_or_cancel(duration: Duration, cancel: &CancellationToken) {
+    tokio::select! {
+        () = tokio::time::sleep(duration) => {}
+        () = cancel.cancelled() => {}
     }
+}
 
-    /// Connections to a SOCKS5 listener: the handshake (bounded in time), then as a
-    /// forwarding listener's, to the destination the client asked for.
-    async fn accept_socks(self: Arc<Self>, listener: TcpListener, config: SocksConfig) {
-        let config = Arc::new(config);
-        while let Some((mut tcp, client)) = self.next_connection(&listener).await {
-            let client = ClientAddr(canonical(client));
-            let this = self.clone();
-            let config = config.clone();
-            self.sessions_tracker.spawn(async move {
-                let handshake = tokio::time::timeout(
-                    SOCKS_HANDSHAKE,
-                    socks::handshake(&mut tcp, &config.users),
-                );
-                let destination = match handshake.await {
-                    Ok(Ok(destination)) => destination,
-                    Ok(Err(e)) => {
-                        debug!(%client, listener = %config.name, error = %e, "SOCKS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        debug!(%client, listener = %config.name, "SOCKS handshake timed out");
-                        return;
-                    }
-                };
-                let peer = PeerSelector::Named(config.peer.clone());
-                let entry = Entry::Socks(config.name.clone());
-                this.outbound(tcp, client, (destination, entry), peer)
-                    .await
-            });
-        }
-    }
-
-    /// Where a connection for the peer `selector` finds goes, given whether a session slot
-    /// is free: the peer's tunnel, its secondary's, or its failure policy.
-    fn decide(&self, selector: &PeerSelector, slot_free: bool) -> Decision<(Tunnel, Codec)> {
-        let health = self.config().sessions.health_timeout;
-        let set = self.peer_set();
-        let peer = match selector {
-            PeerSelector::Prefix(ip) => set.table.lookup(*ip),
-            PeerSelector::Named(name) => set.by_name(name),
-        };
-        routing::decide(slot_free, peer.map(|p| candidate(p, health)), |name| {
-            set.by_name(name).map(|p| candidate(p, health))
-        })
-    }
-
-    /// A connection accepted here (intercepted, or by a forwarding listener), going to
-    /// `destination` as `decision` says.
-    async fn outbound(
+impl Inner {
+    /// An admitted connection: routed, registered, and relayed through the tunnel or
+    /// directly; `entry_point` answers the client.
+    async fn outbound<E: EntryPoint>(
         self: Arc<Self>,
+        entry_point: Arc<E>,
         mut tcp: TcpStream,
         client: ClientAddr,
-        (destination, entry): (Target, Entry),
-        selector: PeerSelector,
+        admission: Admission,
     ) {
         let config = self.config();
         let options = LanSocketOptions {
@@ -694,22 +679,21 @@ impl Inner {
         if let Err(e) = sys::tune(&tcp, &options) {
             debug!(error = %e, "tuning the client socket");
         }
-        // Only an intercepted client is on a LAN the far side (or a bypass) may speak for.
-        let transparent = entry == Entry::Intercepted;
-        // A SOCKS client waits for the answer to its request before it sends data.
-        let socks = matches!(entry, Entry::Socks(_));
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
             self.sessions.totals.count(Ending::RefusedLimit);
         }
+        let Admission {
+            destination,
+            entry,
+            peer: selector,
+            transparent,
+        } = admission;
         let (peer, route, stream) = match self.decide(&selector, permit.is_some()) {
             Decision::Reject { peer } => {
                 info!(%client, %destination, %peer, "peer down; connection rejected");
                 self.sessions.totals.count(Ending::RefusedPeerDown);
-                if socks {
-                    let _ =
-                        socks::send_reply(&mut tcp, socks::reply::NETWORK_UNREACHABLE, None).await;
-                }
+                let _ = entry_point.answer(&mut tcp, Answer::Rejected).await;
                 sys::abort(tcp);
                 return;
             }
@@ -749,52 +733,21 @@ impl Inner {
             info!("session opened");
             let outcome = match stream {
                 Some(stream) => {
-                    // Through the tunnel the answer is optimistic: the far gateway connects
-                    // while data flows, and a failure there reaches the client as a reset.
-                    if socks {
-                        let bound = tcp.local_addr().ok();
-                        if let Err(e) =
-                            socks::send_reply(&mut tcp, socks::reply::SUCCEEDED, bound).await
-                        {
-                            debug!(error = %e, "SOCKS client gone");
-                            return;
-                        }
+                    let answer = Answer::Connected { direct: None };
+                    if let Err(e) = entry_point.answer(&mut tcp, answer).await {
+                        debug!(error = %e, "client gone before its answer");
+                        return;
                     }
                     self.relay(&session, tcp, stream).await
                 }
+                // Direct, and for an intercepted client still from its address: the server
+                // sees the same connection it would without wsx.
                 None => {
-                    // Direct, and for an intercepted client still from its address: the server
-                    // sees the same connection it would without wsx.
-                    match sys::connect_target(
-                        transparent.then_some(client.0.ip()),
-                        &destination,
-                        config.sessions.connect_timeout,
-                    )
-                    .await
-                    {
-                        Ok(server) => {
-                            let _ = sys::tune(&server, &options);
-                            if socks {
-                                let bound = server.local_addr().ok();
-                                if socks::send_reply(&mut tcp, socks::reply::SUCCEEDED, bound)
-                                    .await
-                                    .is_err()
-                                {
-                                    return;
-                                }
-                            }
-                            self.relay(&session, tcp, server).await
-                        }
-                        Err(e) => {
-                            info!(error = %e, "bypass connect failed");
-                            self.sessions.totals.count(Ending::ConnectFailed);
-                            if socks {
-                                let code = socks::connect_error_reply(&e);
-                                let _ = socks::send_reply(&mut tcp, code, None).await;
-                            }
-                            sys::abort(tcp);
-                            return;
-                        }
+                    let from = transparent.then_some(client.0.ip());
+                    let to = (from, &destination);
+                    match self.direct(&*entry_point, &session, tcp, to, &config).await {
+                        Some(outcome) => outcome,
+                        None => return,
                     }
                 }
             };
@@ -803,6 +756,55 @@ impl Inner {
         .instrument(span)
         .await;
         drop(permit);
+    }
+
+    /// Where a connection for the peer `selector` finds goes, given whether a session slot
+    /// is free: the peer's tunnel, its secondary's, or its failure policy.
+    fn decide(&self, selector: &PeerSelector, slot_free: bool) -> Decision<(Tunnel, Codec)> {
+        let health = self.config().sessions.health_timeout;
+        let set = self.peer_set();
+        let peer = match selector {
+            PeerSelector::Prefix(ip) => set.table.lookup(*ip),
+            PeerSelector::Named(name) => set.by_name(name),
+        };
+        routing::decide(slot_free, peer.map(|p| candidate(p, health)), |name| {
+            set.by_name(name).map(|p| candidate(p, health))
+        })
+    }
+
+    /// The direct path of an outbound session: connects to `destination` (from `from`, the
+    /// client's address, when given), answers the client and relays. `None` if the session
+    /// ended before relaying: the connect failed (the client is reset) or the client left.
+    async fn direct<E: EntryPoint>(
+        &self,
+        entry_point: &E,
+        session: &Session,
+        mut tcp: TcpStream,
+        (from, destination): (Option<IpAddr>, &Target),
+        config: &GatewayConfig,
+    ) -> Option<Outcome> {
+        match sys::connect_target(from, destination, config.sessions.connect_timeout).await {
+            Ok(server) => {
+                let options = LanSocketOptions {
+                    keepalive: config.sessions.tcp_keepalive,
+                };
+                let _ = sys::tune(&server, &options);
+                let answer = Answer::Connected {
+                    direct: Some(&server),
+                };
+                entry_point.answer(&mut tcp, answer).await.ok()?;
+                Some(self.relay(session, tcp, server).await)
+            }
+            Err(e) => {
+                info!(error = %e, "bypass connect failed");
+                self.sessions.totals.count(Ending::ConnectFailed);
+                let _ = entry_point
+                    .answer(&mut tcp, Answer::ConnectFailed(&e))
+                    .await;
+                sys::abort(tcp);
+                None
+            }
+        }
     }
 
     /// A stream the peer opened: connect to its destination and relay.
@@ -861,12 +863,9 @@ impl Inner {
         drop(permit);
     }
 
-    async fn relay(
-        &self,
-        session: &crate::session::Session,
-        client: impl Side,
-        server: impl Side,
-    ) -> Outcome {
+    /// Relays a session's two sides until they end, it idles out, the operator kills it or
+    /// the drain deadline passes.
+    async fn relay(&self, session: &Session, client: impl Side, server: impl Side) -> Outcome {
         let config = self.config();
         relay::relay(
             client,
@@ -886,7 +885,8 @@ impl Inner {
         .await
     }
 
-    fn log_outcome(&self, session: &crate::session::Session, outcome: Outcome) {
+    /// Counts how a relayed session ended, and logs it.
+    fn log_outcome(&self, session: &Session, outcome: Outcome) {
         self.sessions.totals.count(match outcome {
             Outcome::Complete => Ending::Completed,
             Outcome::Failed(_) => Ending::Failed,
@@ -910,14 +910,10 @@ fn candidate(peer: &Peer, health: Duration) -> Candidate<(Tunnel, Codec)> {
     }
 }
 
-fn log_outcome(session: &crate::session::Session, outcome: Outcome) {
+fn log_outcome(session: &Session, outcome: Outcome) {
     let age = session.started.elapsed();
-    let up = session
-        .from_client
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let down = session
-        .from_server
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let up = session.from_client.load(Ordering::Relaxed);
+    let down = session.from_server.load(Ordering::Relaxed);
     match outcome {
         Outcome::Complete => info!(
             bytes_from_client = up,
@@ -948,61 +944,4 @@ fn log_outcome(session: &crate::session::Session, outcome: Outcome) {
         ),
     }
     session.set_state(SessionState::HalfClosed);
-}
-
-/// What a tunnel carried in its life, logged when it leaves service (the lab's benchmark
-/// reads it): packets, losses and FEC.
-fn log_tunnel_totals(tunnel: &Tunnel) {
-    let t = tunnel.stats();
-    info!(
-        packets_sent = t.eliciting_sent,
-        bytes_sent = t.bytes_sent,
-        packets_lost = t.packets_lost,
-        fec_parity_sent = t.fec.parity_sent,
-        fec_parity_bytes = t.fec.parity_bytes_sent,
-        fec_recovered_by_peer = t.fec.recovered_by_peer,
-        fec_recovered = t.fec.recovered,
-        fec_unrecoverable_groups = t.fec.unrecoverable_groups,
-        "tunnel totals"
-    );
-}
-
-/// What compression did for a peer's sessions since the start, logged at shutdown.
-fn log_compression_totals(peer: &Peer) {
-    let c = peer.compression();
-    info!(
-        peer = %peer.config().name,
-        plain_sent = c.plain_sent,
-        wire_sent = c.wire_sent,
-        chunks_deflated = c.chunks_deflated,
-        chunks_incompressible = c.chunks_incompressible,
-        chunks_stored = c.chunks_stored,
-        compress_ms = c.compress_time.as_millis() as u64,
-        wire_received = c.wire_received,
-        plain_received = c.plain_received,
-        inflate_ms = c.inflate_time.as_millis() as u64,
-        "compression totals"
-    );
-}
-
-/// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
-/// hours does not flood the journal.
-/// Binds a forwarding or SOCKS5 listener.
-async fn bind_listener(addr: SocketAddr) -> Result<TcpListener, GatewayError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| GatewayError::Listener { addr, source })
-}
-
-fn log_failure(failures: u32, what: &str, endpoint: SocketAddr) {
-    if failures <= 3 || failures % 10 == 0 {
-        warn!(%endpoint, failures, "{what}");
-    }
-}
-
-async fn sleep_or_cancel(duration: Duration, cancel: &CancellationToken) {
-    tokio::select! {
-        () = tokio::time::sleep(duration) => {}
-        () = cancel.cancelled() => {}
-    }
 }

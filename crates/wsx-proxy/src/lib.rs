@@ -22,6 +22,8 @@
 //!   totals: sessions opened, ended and refused, bytes by peer and route.
 //! - `config`: [`GatewayConfig`] and its parts, and the one check of the peers and the
 //!   listeners' references to them ([`GatewayConfig::validate_peers`]).
+//! - `listener`: the entry points (transparent interception, forwarding listeners, SOCKS5
+//!   listeners) behind one trait, and the one accept loop they share.
 //! - `routing`: where a new connection goes (tunnel, secondary, bypass, reject), a pure
 //!   function with a test per branch.
 //! - [`Gateway`]: ties them together; see `gateway.rs` for the data flow.
@@ -32,6 +34,7 @@ pub mod addrs;
 mod chunked;
 mod config;
 mod gateway;
+mod listener;
 mod peers;
 mod relay;
 mod routing;
