@@ -26,7 +26,9 @@
 //!   listeners) behind one trait, and the one accept loop they share.
 //! - `routing`: where a new connection goes (tunnel, secondary, bypass, reject), a pure
 //!   function with a test per branch.
-//! - [`Gateway`]: ties them together; see `gateway.rs` for the data flow.
+//! - [`Gateway`] (`gateway/`): ties them together; its life (start, reload, shutdown) in
+//!   `gateway/mod.rs`, the peer keeper in `gateway/keeper.rs`, outbound and inbound sessions
+//!   in `gateway/sessions.rs`. See `gateway/mod.rs` for the data flow.
 //!
 //! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
 
