@@ -13,7 +13,7 @@
 //! - `peers`: peer gateways, selection by longest destination prefix, health from tunnel
 //!   silence, the secondary peer.
 //! - `chunked`: session data on tunnel streams as chunks, deflated where that pays
-//!   ([`wsx_fec::compress`]), with per-peer counters ([`CompressionStats`]).
+//!   ([`wsx_compress`]), with per-peer counters ([`CompressionStats`]).
 //! - `socks`: the server side of a SOCKS5 handshake (CONNECT, RFC 1928; RFC 1929
 //!   authentication), for SOCKS listeners.
 //! - `relay`: client ↔ stream (or ↔ server, when bypassing) with bounded buffers, half-close

@@ -2,7 +2,7 @@
 //! miniz_oxide, flate2's default) at levels 1, 2 and 6 on 16 KiB chunks of the lab's text
 //! payload, and the crate's whole chunk path (entropy check, deflate or store, back-off) on text and on
 //! random data. Ratios (compressed/plain) are printed once per case.
-//! `cargo bench -p wsx-fec --bench compress`; figures in BENCHMARKS.md.
+//! `cargo bench -p wsx-compress --bench compress`; figures in BENCHMARKS.md.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +10,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use flate2::{Compress, Compression, FlushCompress};
 use std::hint::black_box;
 use std::time::Duration;
-use wsx_fec::compress::{Compressor, MAX_CHUNK, decode_all};
+use wsx_compress::{Compressor, MAX_CHUNK, decode_all};
 use wsx_lab::traffic::{Payload, PayloadKind};
 
 const TOTAL: usize = 1 << 20;
