@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use wsx_fec::compress::{Compressor, MAX_CHUNK, decode_all};
+use wsx_compress::{Compressor, MAX_CHUNK, decode_all};
 
 fuzz_target!(|data: &[u8]| {
     // As received from a peer: never a panic, never more than the declared lengths.

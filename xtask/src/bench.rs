@@ -239,8 +239,8 @@ pub(crate) struct Record {
     pub(crate) gateways: Option<GatewayFigures>,
 }
 
-/// The wsx mode's gateway figures, from the totals each gateway logs at stop (data flows
-/// from gw-a to gw-b).
+/// The wsx mode's gateway figures, from what each gateway's API reports just before it
+/// stops (data flows from gw-a to gw-b).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct GatewayFigures {
     pub(crate) fec: Fec,
@@ -267,12 +267,12 @@ impl GatewayFigures {
         Self {
             fec: settings.fec,
             compression: settings.compression,
-            packets_sent: a.get("packets_sent"),
-            retransmitted: a.get("packets_lost"),
-            recovered: a.get("fec_recovered_by_peer"),
-            unrecoverable_groups: a.get("fec_unrecoverable_groups"),
-            fec_overhead: per(a.get("fec_parity_sent"), a.get("packets_sent")),
-            wire_per_plain: per(a.get("wire_sent"), a.get("plain_sent")),
+            packets_sent: a.data_packets_sent,
+            retransmitted: a.packets_lost,
+            recovered: a.fec_recovered_by_peer,
+            unrecoverable_groups: a.fec_unrecoverable_groups,
+            fec_overhead: per(a.fec_parity_sent, a.data_packets_sent),
+            wire_per_plain: per(a.wire_sent, a.plain_sent),
             cpu_s_per_gb: cpu_s.map(per_gb),
         }
     }
@@ -590,7 +590,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         .status()?;
     let sink_status = sink.wait()?;
     let after = lab.emulator().stats()?;
-    let gateway_usage = gateways.map(|g| g.stop()).transpose()?;
+    let gateway_usage = gateways.map(|g| g.stop(&lab)).transpose()?;
     drop(lab);
 
     let sent: SendReport = read_json(&send_json).context("the sender's report")?;

@@ -1,12 +1,12 @@
 //! The wsx gateways of the `wsx` benchmark mode and the demo: a `wsx run` in gw-a and one
 //! in gw-b, configured for each other, with their CPU time and peak memory read at the end.
 //! The gateways' logs (with the tunnel's congestion events) are kept for every case as
-//! `wsx-bench-logs/<lab>-gw{a,b}.log` in the temp directory; the totals each logs at stop
-//! (tunnel packets, losses, FEC, compression) are read back for the record.
+//! `wsx-bench-logs/<lab>-gw{a,b}.log` in the temp directory. Each gateway runs its API on
+//! its namespace's loopback; the tunnel's and compression's totals (packets, losses, FEC,
+//! bytes) are read from it (`wsx peers --json`) just before the gateways stop.
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -49,34 +49,81 @@ impl Default for Settings {
     }
 }
 
-/// The counters a gateway logs, by name, summed over its lines: `packets_lost`,
-/// `fec_recovered_by_peer`... once per tunnel as it leaves service, `plain_sent`... per
-/// peer at stop (`log_tunnel_totals`, `log_compression_totals` in wsx-proxy).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Totals(BTreeMap<String, u64>);
+/// Where each gateway's API listens, inside its own namespace (each has its own loopback).
+const API_LISTEN: &str = "127.0.0.1:9180";
+
+/// The API's token. The API is reachable only from inside the gateway's namespace of a lab
+/// that lives for one case.
+const API_TOKEN: &str = "wsx-bench-api-token-0123456789";
+
+/// A gateway's figures, from its API (`GET /api/v1/peers`), summed over its peers (the
+/// bench configures one): the counters of the tunnel in service (they start with the
+/// tunnel) and of compression since the start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    /// Tunnel packets that carried data, control messages or PINGs (not ACK-only ones).
+    pub(crate) data_packets_sent: u64,
+    /// Packets declared lost (and sent again, or rebuilt by the peer from parity).
+    pub(crate) packets_lost: u64,
+    pub(crate) fec_parity_sent: u64,
+    /// Losses the peer rebuilt from parity.
+    pub(crate) fec_recovered_by_peer: u64,
+    pub(crate) fec_unrecoverable_groups: u64,
+    /// Session bytes sent to the peer, and the stream bytes they took.
+    pub(crate) plain_sent: u64,
+    pub(crate) wire_sent: u64,
+}
 
 impl Totals {
-    pub(crate) fn get(&self, name: &str) -> u64 {
-        self.0.get(name).copied().unwrap_or(0)
-    }
-
-    /// The sums of the `key=value` numbers of a log's "totals" lines; `None` without any.
-    fn from_log(log: &str) -> Option<Self> {
-        let mut sums = BTreeMap::new();
-        let mut lines = log.lines().filter(|l| l.contains(" totals ")).peekable();
-        lines.peek()?;
-        for line in lines {
-            for token in line.split_whitespace() {
-                let Some((key, value)) = token.split_once('=') else {
-                    continue;
-                };
-                if let Ok(value) = value.parse::<u64>() {
-                    *sums.entry(key.to_string()).or_default() += value;
-                }
-            }
+    /// The sums over the peers of the API's `GET /api/v1/peers` answer. Every peer must have
+    /// a tunnel in service: a case whose tunnel is down at the end has no figures to give.
+    fn from_peers_json(json: &[u8]) -> Result<Self> {
+        let peers: Vec<ApiPeer> =
+            serde_json::from_slice(json).context("parsing the API's list of peers")?;
+        let mut totals = Self::default();
+        for peer in peers {
+            let Some(t) = peer.tunnel else {
+                bail!("peer {:?} has no tunnel in service", peer.name);
+            };
+            totals.data_packets_sent += t.data_packets_sent;
+            totals.packets_lost += t.packets_lost;
+            totals.fec_parity_sent += t.fec.parity_sent;
+            totals.fec_recovered_by_peer += t.fec.recovered_by_peer;
+            totals.fec_unrecoverable_groups += t.fec.unrecoverable_groups;
+            totals.plain_sent += peer.compression.plain_sent;
+            totals.wire_sent += peer.compression.wire_sent;
         }
-        Some(Self(sums))
+        Ok(totals)
     }
+}
+
+/// The fields of the API's `Peer` (`wsx_api::model::Peer`) the bench reads; the others are
+/// ignored.
+#[derive(Debug, Deserialize)]
+struct ApiPeer {
+    name: String,
+    tunnel: Option<ApiTunnel>,
+    compression: ApiCompression,
+}
+
+#[derive(Debug, Deserialize)]
+struct ApiTunnel {
+    data_packets_sent: u64,
+    packets_lost: u64,
+    fec: ApiFec,
+}
+
+#[derive(Debug, Deserialize)]
+struct ApiFec {
+    parity_sent: u64,
+    recovered_by_peer: u64,
+    unrecoverable_groups: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct ApiCompression {
+    plain_sent: u64,
+    wire_sent: u64,
 }
 
 /// Both gateways, running.
@@ -84,6 +131,8 @@ impl Totals {
 pub(crate) struct Pair {
     children: [Child; 2],
     work: std::path::PathBuf,
+    /// The `wsx` binary, which also asks the gateways' APIs.
+    wsx: std::path::PathBuf,
 }
 
 impl Pair {
@@ -154,6 +203,7 @@ impl Pair {
                 .try_into()
                 .map_err(|_| anyhow::anyhow!("two gateways"))?,
             work: work.to_path_buf(),
+            wsx,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         for log in &logs {
@@ -170,12 +220,13 @@ impl Pair {
         Ok(pair)
     }
 
-    /// Reads each gateway's usage, then stops them and reads the totals they log.
-    pub(crate) fn stop(mut self) -> Result<[(Usage, Totals); 2]> {
+    /// Reads each gateway's usage and, from its API, its totals; then stops them.
+    pub(crate) fn stop(mut self, lab: &Lab) -> Result<[(Usage, Totals); 2]> {
         let usage = [
             usage_of(self.children[0].id())?,
             usage_of(self.children[1].id())?,
         ];
+        let totals = [self.totals(lab, Node::GwA)?, self.totals(lab, Node::GwB)?];
         for child in &mut self.children {
             // SAFETY: kill with our child's pid and a valid signal.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -191,16 +242,35 @@ impl Pair {
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or("case");
-        let mut totals = [Totals::default(), Totals::default()];
-        for (n, totals) in ["gwa", "gwb"].into_iter().zip(&mut totals) {
+        for n in ["gwa", "gwb"] {
             let log = self.work.join(format!("{n}.log"));
-            *totals = Totals::from_log(&std::fs::read_to_string(&log)?)
-                .with_context(|| format!("no totals in {}", log.display()))?;
             let _ = std::fs::copy(&log, kept.join(format!("{case}-{n}.log")));
         }
         let [ua, ub] = usage;
         let [ta, tb] = totals;
         Ok([(ua, ta), (ub, tb)])
+    }
+
+    /// `node`'s totals, from its API: `wsx peers --json` run in its namespace finds the
+    /// address and the token in the gateway's configuration file.
+    fn totals(&self, lab: &Lab, node: Node) -> Result<Totals> {
+        let config = self.work.join(format!("{}.toml", node.role()));
+        let output = lab
+            .command(node, &self.wsx)
+            .arg("peers")
+            .arg("--json")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("asking {node:?}'s API"))?;
+        if !output.status.success() {
+            bail!(
+                "{node:?}'s API: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Totals::from_peers_json(&output.stdout).with_context(|| format!("{node:?}'s totals"))
     }
 }
 
@@ -225,7 +295,7 @@ fn config_text(
     format!(
         "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
          [[peer]]\nname = \"peer\"\npublic_key = \"{}\"\nendpoint = \"{endpoint}\"\nprefixes = {remote}\n\
-         compression = {}\nfec = \"{}\"\n",
+         compression = {}\nfec = \"{}\"\n\n[api]\nlisten = \"{API_LISTEN}\"\ntokens = [\"{API_TOKEN}\"]\n",
         own.to_base64(),
         peer.public_key(),
         settings.compression,
@@ -243,22 +313,64 @@ fn toml_list(items: &[String]) -> String {
 mod tests {
     use super::*;
 
+    /// An answer of `GET /api/v1/peers` as the API gives it (two peers, every field).
+    const PEERS: &str = r#"[
+      {"name": "a", "endpoint": "10.71.2.2:4500", "prefixes": ["10.71.3.0/24"],
+       "healthy": true, "bypass_forced": false, "tunnels": 1,
+       "tunnel": {"remote": "10.71.2.2:4500", "rtt_seconds": 0.1, "min_rtt_seconds": 0.1,
+                  "congestion_phase": "optimal", "pacing_rate_bps": 100000000,
+                  "bottleneck_rate_bps": 99000000, "packets_sent": 1200,
+                  "data_packets_sent": 1000, "bytes_sent": 1400000, "packets_received": 300,
+                  "bytes_received": 20000, "packets_lost": 10, "loss_ratio": 0.01,
+                  "auth_failures": 0, "replays": 0,
+                  "fec": {"blocks": 5, "packets_protected": 900, "parity_sent": 40,
+                          "parity_bytes_sent": 56000, "overhead": 0.04,
+                          "recovered_by_peer": 8, "parity_received": 0, "recovered": 0,
+                          "unrecoverable_groups": 1, "decoder_bytes": 0}},
+       "compression": {"plain_sent": 3000, "wire_sent": 1000, "ratio_sent": 0.333,
+                       "chunks_deflated": 1, "chunks_incompressible": 0, "chunks_stored": 0,
+                       "compress_cpu_seconds": 0.01, "wire_received": 0,
+                       "plain_received": 0, "inflate_cpu_seconds": 0.0}},
+      {"name": "b", "endpoint": null, "prefixes": [], "healthy": true,
+       "bypass_forced": false, "tunnels": 1,
+       "tunnel": {"remote": "10.71.2.3:4500", "rtt_seconds": 0.1, "min_rtt_seconds": 0.1,
+                  "congestion_phase": null, "pacing_rate_bps": 0, "bottleneck_rate_bps": 0,
+                  "packets_sent": 7, "data_packets_sent": 5, "bytes_sent": 700,
+                  "packets_received": 7, "bytes_received": 700, "packets_lost": 1,
+                  "loss_ratio": 0.2, "auth_failures": 0, "replays": 0,
+                  "fec": {"blocks": 0, "packets_protected": 0, "parity_sent": 0,
+                          "parity_bytes_sent": 0, "overhead": 0.0, "recovered_by_peer": 0,
+                          "parity_received": 0, "recovered": 0, "unrecoverable_groups": 0,
+                          "decoder_bytes": 0}},
+       "compression": {"plain_sent": 10, "wire_sent": 13, "ratio_sent": 1.3,
+                       "chunks_deflated": 0, "chunks_incompressible": 0, "chunks_stored": 1,
+                       "compress_cpu_seconds": 0.0, "wire_received": 0,
+                       "plain_received": 0, "inflate_cpu_seconds": 0.0}}
+    ]"#;
+
     #[test]
-    fn totals_are_summed_over_the_totals_lines() {
-        let log = "2026-11-21T10:00:00Z  INFO peer{name=peer}: tunnel totals packets_sent=1 \
-                   packets_lost=0\n\
-                   2026-11-21T10:00:01Z  INFO peer{name=peer}: tunnel totals packets_sent=10 \
-                   packets_lost=2 fec_recovered_by_peer=7\n\
-                   2026-11-21T10:00:01Z  INFO compression totals peer=peer plain_sent=5\n\
-                   2026-11-21T10:00:01Z  INFO wsx: stopped plain_sent=9\n";
-        let totals = Totals::from_log(log).unwrap_or_default();
+    fn totals_are_summed_over_the_peers_the_api_lists() {
+        let totals = Totals::from_peers_json(PEERS.as_bytes()).unwrap_or_default();
         assert_eq!(
-            (totals.get("packets_sent"), totals.get("packets_lost")),
-            (11, 2)
+            totals,
+            Totals {
+                data_packets_sent: 1005,
+                packets_lost: 11,
+                fec_parity_sent: 40,
+                fec_recovered_by_peer: 8,
+                fec_unrecoverable_groups: 1,
+                plain_sent: 3010,
+                wire_sent: 1013,
+            }
         );
-        assert_eq!(totals.get("fec_recovered_by_peer"), 7);
-        assert_eq!(totals.get("plain_sent"), 5);
-        assert_eq!(totals.get("wire_sent"), 0);
-        assert!(Totals::from_log("nothing here\n").is_none());
+    }
+
+    #[test]
+    fn a_peer_without_a_tunnel_or_a_bad_answer_is_an_error() {
+        let down = PEERS.replacen("\"tunnel\": {", "\"tunnel\": null, \"old\": {", 1);
+        let e = Totals::from_peers_json(down.as_bytes()).map_err(|e| e.to_string());
+        assert_eq!(e, Err("peer \"a\" has no tunnel in service".to_string()));
+        assert!(Totals::from_peers_json(b"{\"error\": \"unauthorized\"}").is_err());
+        assert_eq!(Totals::from_peers_json(b"[]").ok(), Some(Totals::default()));
     }
 }

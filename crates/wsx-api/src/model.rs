@@ -95,6 +95,9 @@ pub struct Tunnel {
     pub pacing_rate_bps: u64,
     pub bottleneck_rate_bps: u64,
     pub packets_sent: u64,
+    /// Packets that carried stream data, control messages or PINGs (the others carried only
+    /// ACKs): the denominator of `loss_ratio` and of the FEC overhead.
+    pub data_packets_sent: u64,
     pub bytes_sent: u64,
     pub packets_received: u64,
     pub bytes_received: u64,
@@ -288,6 +291,7 @@ impl Tunnel {
             pacing_rate_bps: congestion.map_or(0, |c| c.pacing_rate.saturating_mul(8)),
             bottleneck_rate_bps: congestion.map_or(0, |c| c.bottleneck_rate.saturating_mul(8)),
             packets_sent: s.packets_sent,
+            data_packets_sent: s.eliciting_sent,
             bytes_sent: s.bytes_sent,
             packets_received: s.packets_received,
             bytes_received: s.bytes_received,

@@ -1,6 +1,6 @@
 //! Forward error correction for the wsx tunnel: systematic Reed-Solomon over blocks of sealed
-//! packets, and the policy that decides how much parity a path needs; and the chunked
-//! deflate the gateways apply to stream data ([`compress`]).
+//! packets, and the policy that decides how much parity a path needs. (The gateways' stream
+//! compression is a crate of its own, `wsx-compress`.)
 //!
 //! Pure code: no I/O, no clock. The tunnel feeds it packets as it sends and receives them.
 //!
@@ -25,7 +25,6 @@
 //! it with `reed-solomon-erasure` at the tunnel's shard sizes (BENCHMARKS.md).
 
 mod block;
-pub mod compress;
 mod decoder;
 mod encoder;
 pub mod policy;

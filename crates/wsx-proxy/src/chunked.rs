@@ -1,7 +1,7 @@
 //! Session data on a tunnel stream, in compressed chunks.
 //!
 //! Both directions of every stream between two gateways are a sequence of chunks
-//! ([`wsx_fec::compress`]): a chunk is deflated when that pays and stored when it does not,
+//! ([`wsx_compress`]): a chunk is deflated when that pays and stored when it does not,
 //! each one a fresh deflate stream, so a session carries no compression state beyond a few
 //! bytes and the buffers below. Each gateway decides for what it sends (the peer's
 //! `compression` setting), and reads whatever arrives.
@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use wsx_fec::compress::{self, Compressor, Encoded, Header, MAX_CHUNK, MAX_HEADER};
+use wsx_compress::{ChunkError, Compressor, Encoded, Header, MAX_CHUNK, MAX_HEADER, inflate};
 
 /// Compression counters of one peer, both directions.
 #[derive(Debug, Default)]
@@ -163,15 +163,12 @@ impl<S> Chunked<S> {
     }
 }
 
-fn invalid(e: compress::ChunkError) -> io::Error {
+fn invalid(e: ChunkError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
 fn truncated() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        compress::ChunkError::Truncated,
-    )
+    io::Error::new(io::ErrorKind::UnexpectedEof, ChunkError::Truncated)
 }
 
 impl<S: AsyncWrite + Unpin> Chunked<S> {
@@ -310,11 +307,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
                     let start = Instant::now();
                     if buf.remaining() >= header.plain {
                         let dst = buf.initialize_unfilled_to(header.plain);
-                        compress::inflate(&this.payload, dst).map_err(invalid)?;
+                        inflate(&this.payload, dst).map_err(invalid)?;
                         buf.advance(header.plain);
                     } else {
                         this.plain.resize(header.plain, 0);
-                        compress::inflate(&this.payload, &mut this.plain).map_err(invalid)?;
+                        inflate(&this.payload, &mut this.plain).map_err(invalid)?;
                     }
                     this.counters
                         .received(header.len + header.wire, header.plain, start.elapsed());

@@ -13,22 +13,33 @@
 //! - `peers`: peer gateways, selection by longest destination prefix, health from tunnel
 //!   silence, the secondary peer.
 //! - `chunked`: session data on tunnel streams as chunks, deflated where that pays
-//!   ([`wsx_fec::compress`]), with per-peer counters ([`CompressionStats`]).
+//!   ([`wsx_compress`]), with per-peer counters ([`CompressionStats`]).
 //! - `socks`: the server side of a SOCKS5 handshake (CONNECT, RFC 1928; RFC 1929
 //!   authentication), for SOCKS listeners.
 //! - `relay`: client ↔ stream (or ↔ server, when bypassing) with bounded buffers, half-close
 //!   and reset propagation, byte counts and an idle timeout.
 //! - `session`: the table of live sessions (each can be killed), and the gateway's running
 //!   totals: sessions opened, ended and refused, bytes by peer and route.
-//! - [`Gateway`]: ties them together; see `gateway.rs` for the data flow.
+//! - `config`: [`GatewayConfig`] and its parts, and the one check of the peers and the
+//!   listeners' references to them ([`GatewayConfig::validate_peers`]).
+//! - `listener`: the entry points (transparent interception, forwarding listeners, SOCKS5
+//!   listeners) behind one trait, and the one accept loop they share.
+//! - `routing`: where a new connection goes (tunnel, secondary, bypass, reject), a pure
+//!   function with a test per branch.
+//! - [`Gateway`] (`gateway/`): ties them together; its life (start, reload, shutdown) in
+//!   `gateway/mod.rs`, the peer keeper in `gateway/keeper.rs`, outbound and inbound sessions
+//!   in `gateway/sessions.rs`. See `gateway/mod.rs` for the data flow.
 //!
 //! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
 
 pub mod addrs;
 mod chunked;
+mod config;
 mod gateway;
+mod listener;
 mod peers;
 mod relay;
+mod routing;
 pub mod rules;
 mod session;
 mod socks;
@@ -36,10 +47,11 @@ pub mod sys;
 
 pub use addrs::{ClientAddr, OrigDstAddr};
 pub use chunked::CompressionStats;
-pub use gateway::{
-    ForwardConfig, Gateway, GatewayConfig, GatewayError, InterceptConfig, SessionConfig,
-    SocksConfig,
+pub use config::{
+    ForwardConfig, GatewayConfig, GatewayError, InterceptConfig, ListenerKind, PeerConfigError,
+    SessionConfig, SocksConfig,
 };
+pub use gateway::Gateway;
 pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus, TunnelStatus};
 pub use relay::code as reset_code;
 pub use session::{Entry, GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};

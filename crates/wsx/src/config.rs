@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
 use wsx_api::{ApiConfig, TlsFiles};
-use wsx_proxy::{FailurePolicy, GatewayConfig, InterceptConfig, PeerConfig, SessionConfig};
+use wsx_proxy::{
+    FailurePolicy, GatewayConfig, InterceptConfig, ListenerKind, PeerConfig, PeerConfigError,
+    SessionConfig,
+};
 use wsx_tunnel::{FecMode, PublicKey, SecretKey};
 
 /// The whole file.
@@ -567,49 +570,8 @@ impl Loaded {
         sessions.tcp_keepalive = (!s.tcp_keepalive.is_zero()).then_some(s.tcp_keepalive);
         sessions.health_timeout = s.health_timeout;
         gateway.sessions = sessions;
-        let own_key = gateway.secret.public_key();
         for (i, p) in c.peers.iter().enumerate() {
-            let name = p.name.get_ref();
-            let at_name = Some(p.name.span().start);
-            let at_key = Some(p.public_key.span().start);
-            if name.is_empty() {
-                return Err(self.error(at_name, format!("peer[{i}].name"), "must not be empty"));
-            }
-            if c.peers[..i].iter().any(|o| o.name.get_ref() == name) {
-                return Err(self.error(
-                    at_name,
-                    format!("peer[{i}].name"),
-                    format!("\"{name}\" is used by another peer"),
-                ));
-            }
-            if c.peers[..i]
-                .iter()
-                .any(|o| o.public_key.get_ref().0 == p.public_key.get_ref().0)
-            {
-                return Err(self.error(
-                    at_key,
-                    format!("peer[{i}].public_key"),
-                    "used by another peer",
-                ));
-            }
-            if p.public_key.get_ref().0 == own_key {
-                return Err(self.error(
-                    at_key,
-                    format!("peer[{i}].public_key"),
-                    "this is the gateway's own key",
-                ));
-            }
-            if let Some(secondary) = &p.secondary {
-                let s = secondary.get_ref();
-                if s == name || !c.peers.iter().any(|o| o.name.get_ref() == s) {
-                    return Err(self.error(
-                        Some(secondary.span().start),
-                        format!("peer[{i}].secondary"),
-                        format!("\"{s}\" is not another peer's name"),
-                    ));
-                }
-            }
-            let mut peer = PeerConfig::new(name.clone(), p.public_key.get_ref().0);
+            let mut peer = PeerConfig::new(p.name.get_ref().clone(), p.public_key.get_ref().0);
             peer.endpoint = p.endpoint;
             peer.prefixes = p.prefixes.clone();
             peer.secondary = p.secondary.as_ref().map(|s| s.get_ref().clone());
@@ -654,7 +616,6 @@ impl Loaded {
             }
             let to = parse_target(f.to.get_ref())
                 .map_err(|e| self.error(Some(f.to.span().start), format!("forward[{i}].to"), e))?;
-            let peer = self.known_peer(format!("forward[{i}].peer"), &f.peer)?;
             if c.forwards[..i].iter().any(|o| o.listen == f.listen) {
                 return Err(self.error(
                     Some(f.name.span().start),
@@ -666,7 +627,7 @@ impl Loaded {
                 name.clone(),
                 f.listen,
                 to,
-                peer,
+                f.peer.get_ref().clone(),
             ));
         }
         for (i, x) in c.socks.iter().enumerate() {
@@ -678,7 +639,6 @@ impl Loaded {
                     "must be set and differ from the other SOCKS listeners' names",
                 ));
             }
-            let peer = self.known_peer(format!("socks[{i}].peer"), &x.peer)?;
             let listens = c.forwards.iter().map(|f| f.listen);
             if listens
                 .chain(c.socks[..i].iter().map(|o| o.listen))
@@ -700,6 +660,7 @@ impl Loaded {
                     ));
                 }
             }
+            let peer = x.peer.get_ref().clone();
             let mut socks = wsx_proxy::SocksConfig::new(name.clone(), x.listen, peer);
             socks.users = x
                 .users
@@ -711,20 +672,62 @@ impl Loaded {
                 .collect();
             gateway.socks.push(socks);
         }
+        // The gateway's own check of the peers and the listeners' references to them,
+        // reported at the field it is about.
+        gateway.validate_peers().map_err(|e| self.peer_error(&e))?;
         Ok(gateway)
     }
 
-    /// The name `peer` gives, if a configured peer has it; else an error at `field`.
-    fn known_peer(&self, field: String, peer: &Spanned<String>) -> Result<String> {
-        let name = peer.get_ref();
-        if self.config.peers.iter().any(|p| p.name.get_ref() == name) {
-            Ok(name.clone())
-        } else {
-            Err(self.error(
-                Some(peer.span().start),
-                field,
-                format!("\"{name}\" is not a peer's name"),
-            ))
+    /// `e`, found in the gateway configuration built from this file (whose peers, forwards
+    /// and SOCKS listeners are the file's, in order), as an error at its field.
+    fn peer_error(&self, e: &PeerConfigError) -> anyhow::Error {
+        let c = &self.config;
+        let at = |s: Option<&Spanned<String>>| s.map(|s| s.span().start);
+        let name_at = |i: usize| at(c.peers.get(i).map(|p| &p.name));
+        let key_at = |i: usize| c.peers.get(i).map(|p| p.public_key.span().start);
+        match e {
+            PeerConfigError::EmptyName { index } => self.error(
+                name_at(*index),
+                format!("peer[{index}].name"),
+                "must not be empty",
+            ),
+            PeerConfigError::SharedName { index, name } => self.error(
+                name_at(*index),
+                format!("peer[{index}].name"),
+                format!("\"{name}\" is used by another peer"),
+            ),
+            PeerConfigError::SharedKey { index, .. } => self.error(
+                key_at(*index),
+                format!("peer[{index}].public_key"),
+                "used by another peer",
+            ),
+            PeerConfigError::OwnKey { index, .. } => self.error(
+                key_at(*index),
+                format!("peer[{index}].public_key"),
+                "this is the gateway's own key",
+            ),
+            PeerConfigError::Secondary {
+                index, secondary, ..
+            } => self.error(
+                at(c.peers.get(*index).and_then(|p| p.secondary.as_ref())),
+                format!("peer[{index}].secondary"),
+                format!("\"{secondary}\" is not another peer's name"),
+            ),
+            PeerConfigError::UnknownPeer {
+                kind, index, peer, ..
+            } => {
+                let (field, span) = match kind {
+                    ListenerKind::Forward => ("forward", c.forwards.get(*index).map(|f| &f.peer)),
+                    ListenerKind::Socks => ("socks", c.socks.get(*index).map(|s| &s.peer)),
+                    _ => ("listener", None),
+                };
+                self.error(
+                    at(span),
+                    format!("{field}[{index}].peer"),
+                    format!("\"{peer}\" is not a peer's name"),
+                )
+            }
+            other => self.error(None, "peer", other),
         }
     }
 }
@@ -927,6 +930,26 @@ fec = "off"
             e.contains("private_key or private_key_file is required"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn peer_names_and_keys_are_checked_at_their_field() {
+        let k = peer_key();
+        let two = |name: &str, key: &str| {
+            format!(
+                "[tunnel]\nprivate_key = \"{KEY_A}\"\n[[peer]]\nname = \"a\"\npublic_key = \"{k}\"\n[[peer]]\nname = \"{name}\"\npublic_key = \"{key}\"\n"
+            )
+        };
+        let e = parse(&two("b", &k)).unwrap_err().to_string();
+        assert_eq!(e, "wsx.toml:8:14: peer[1].public_key: used by another peer");
+        let own = KEY_A.parse::<SecretKey>().unwrap().public_key().to_string();
+        let e = parse(&two("b", &own)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "wsx.toml:8:14: peer[1].public_key: this is the gateway's own key"
+        );
+        let e = parse(&two("", &peer_key())).unwrap_err().to_string();
+        assert_eq!(e, "wsx.toml:7:8: peer[1].name: must not be empty");
     }
 
     #[test]

@@ -125,7 +125,7 @@ impl Daemon {
                 ErrorCode::NeedsRestart,
                 format!("{what} cannot change without a restart"),
             ),
-            GatewayError::Peers(message) => ApiError::new(ErrorCode::InvalidConfig, message),
+            GatewayError::Peers(e) => ApiError::new(ErrorCode::InvalidConfig, e.to_string()),
             other => internal(other.to_string()),
         })?;
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(loaded);

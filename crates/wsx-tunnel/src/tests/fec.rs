@@ -6,7 +6,7 @@ use crate::testing::{LinkConfig, Transfers};
 use crate::{ConnectionStats, FecMode, StreamMeta, TransportConfig};
 use proptest::prelude::*;
 use std::time::Duration;
-use wsx_fec::compress::{Compressor, MAX_CHUNK, decode_all};
+use wsx_compress::{Compressor, MAX_CHUNK, decode_all};
 
 const RTT: Duration = Duration::from_millis(100);
 

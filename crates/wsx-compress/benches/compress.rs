@@ -1,8 +1,12 @@
 //! Chunked deflate: the two Rust backends (flate2 on zlib-rs, which the crate uses, and
-//! miniz_oxide, flate2's default) at levels 1, 2 and 6 on 16 KiB chunks of the lab's text
-//! payload, and the crate's whole chunk path (entropy check, deflate or store, back-off) on text and on
+//! miniz_oxide, flate2's default) at levels 1, 2 and 6 on 16 KiB chunks of text, and the
+//! crate's whole chunk path (entropy check, deflate or store, back-off) on text and on
 //! random data. Ratios (compressed/plain) are printed once per case.
-//! `cargo bench -p wsx-fec --bench compress`; figures in BENCHMARKS.md.
+//! `cargo bench -p wsx-compress --bench compress`; figures in BENCHMARKS.md.
+//!
+//! The payloads are generated here, seeded, and are byte for byte what the lab's traffic
+//! generator sends for `--payload text` and `--payload random` (flow 0 of a run seeded
+//! 0x5eed): the figures compare with the gateway benchmark's, and this crate needs no lab.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,17 +14,66 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use flate2::{Compress, Compression, FlushCompress};
 use std::hint::black_box;
 use std::time::Duration;
-use wsx_fec::compress::{Compressor, MAX_CHUNK, decode_all};
-use wsx_lab::traffic::{Payload, PayloadKind};
+use wsx_compress::{Compressor, MAX_CHUNK, decode_all};
 
 const TOTAL: usize = 1 << 20;
 
-/// `len` bytes of the lab's payload of `kind` (`--payload text` or `random`).
+/// The lab's generator seed for flow 0 of a run seeded 0x5eed (`wsx_lab::traffic::Payload`
+/// mixes the flow number into the run's seed this way).
+const SEED: u64 = 0x5eed ^ 0x9e37_79b9_7f4a_7c15;
+
+/// What a payload looks like.
+#[derive(Clone, Copy)]
+enum PayloadKind {
+    /// Pseudo-random bytes: incompressible, like encrypted or already compressed traffic.
+    Random,
+    /// English-like text from a fixed vocabulary: deflate compresses it about three to one.
+    Text,
+}
+
+/// `len` bytes of the payload of `kind`.
 fn payload(kind: PayloadKind, len: usize) -> Vec<u8> {
-    let mut out = vec![0; len];
-    Payload::new(kind, 0x5eed, 0).fill(&mut out);
+    let mut rng = fastrand::Rng::with_seed(SEED);
+    let mut out = Vec::with_capacity(len + 32);
+    match kind {
+        PayloadKind::Random => {
+            while out.len() < len {
+                out.extend_from_slice(&rng.u64(..).to_le_bytes());
+            }
+        }
+        PayloadKind::Text => {
+            let words: Vec<&str> = VOCABULARY.split_whitespace().collect();
+            let mut in_sentence = 0;
+            while out.len() < len {
+                out.extend_from_slice(words[rng.usize(..words.len())].as_bytes());
+                in_sentence += 1;
+                // Sentences of six words or more, ending at random.
+                if in_sentence >= 6 && rng.u8(..) < 40 {
+                    in_sentence = 0;
+                    out.extend_from_slice(if rng.bool() { b".\n" } else { b". " });
+                } else {
+                    out.push(b' ');
+                }
+            }
+        }
+    }
+    out.truncate(len);
     out
 }
+
+/// The text payload's words: common English, networking and business vocabulary (the
+/// lab's, in its order: the generator picks them by index).
+const VOCABULARY: &str = "\
+    the of and to a in is it that for on was with as be at by this from or an are not \
+    but which have has were their all one when there can more been other its into than \
+    time only some two may then first any over such each after most also made between \
+    under network packet server client gateway tunnel stream window latency bandwidth \
+    router link queue loss delay frame header payload session protocol address route \
+    traffic buffer segment transfer request response connection interface report \
+    quarterly revenue customer account invoice shipment warehouse schedule meeting \
+    project document contract department manager office budget forecast inventory \
+    supplier order delivery payment balance record system process service support update \
+    review approval";
 
 fn zlib_rs(engine: &mut Compress, chunk: &[u8], out: &mut [u8]) -> usize {
     engine.reset();

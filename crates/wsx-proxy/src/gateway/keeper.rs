@@ -1,0 +1,291 @@
+//! The peer keeper: the peer set follows the configuration; a keeper per peer with an
+//! endpoint connects whenever there is no healthy tunnel (the peer may have connected to us
+//! instead), watches the tunnel's health and reconnects; tunnels the peers open are
+//! accepted and watched the same way; each tunnel in service has a task serving the
+//! streams the peer opens on it.
+//!
+//! A tunnel leaves service when it ends or goes silent for the health timeout; it logs its
+//! totals then ("tunnel totals"), and each peer's compression totals are logged at stop.
+
+use super::{Inner, PeerEntry};
+use crate::peers::{Peer, PeerConfig, PrefixTable};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+use wsx_tunnel::ConnectionError;
+use wsx_tunnel::driver::Tunnel;
+
+/// How long a handshake may take before the peer keeper starts over.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(4);
+/// How often tunnel health is checked.
+const HEALTH_CHECK: Duration = Duration::from_millis(200);
+/// Wait before reconnecting to a peer whose tunnel failed.
+const RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// The close code of a tunnel given up for silence.
+const CLOSE_SILENT: u64 = 1;
+/// The close code of a tunnel to a peer removed from the configuration.
+const CLOSE_REMOVED: u64 = 2;
+
+impl Inner {
+    /// Brings the peer set in line with `configs`: new peers start, removed ones stop and
+    /// their tunnels close, changed ones keep their tunnels unless the endpoint changed.
+    pub(super) fn apply_peers(self: &Arc<Self>, configs: &[PeerConfig]) {
+        let mut set = self.peer_set();
+        let mut keep = HashMap::new();
+        for config in configs {
+            let existing = set.by_key.remove(&config.public_key);
+            let entry = match existing {
+                Some(entry) if entry.peer.config().endpoint == config.endpoint => {
+                    entry.peer.set_config(config.clone());
+                    entry
+                }
+                previous => {
+                    if let Some(previous) = previous {
+                        retire(previous);
+                    }
+                    let entry = PeerEntry {
+                        peer: Arc::new(Peer::new(config.clone())),
+                        cancel: self.stop.child_token(),
+                    };
+                    if let Some(endpoint) = config.endpoint {
+                        let keeper = self.clone().keep_peer(
+                            entry.peer.clone(),
+                            endpoint,
+                            entry.cancel.clone(),
+                        );
+                        tokio::spawn(keeper.instrument(info_span!("peer", name = %config.name)));
+                    }
+                    entry
+                }
+            };
+            keep.insert(config.public_key, entry);
+        }
+        for (_, removed) in set.by_key.drain() {
+            retire(removed);
+        }
+        let peers: Vec<Arc<Peer>> = keep.values().map(|e| e.peer.clone()).collect();
+        set.table = Arc::new(PrefixTable::new(&peers));
+        set.by_key = keep;
+
+        fn retire(entry: PeerEntry) {
+            entry.cancel.cancel();
+            for tunnel in entry.peer.tunnels() {
+                tunnel.close(CLOSE_REMOVED, b"peer removed");
+            }
+        }
+    }
+
+    /// Keeps a tunnel to a peer up: connects whenever there is no healthy one (the peer may
+    /// have connected to us instead), watches it, reconnects.
+    async fn keep_peer(
+        self: Arc<Self>,
+        peer: Arc<Peer>,
+        endpoint: SocketAddr,
+        cancel: CancellationToken,
+    ) {
+        let key = peer.config().public_key;
+        let mut failures = 0u32;
+        while !cancel.is_cancelled() {
+            let health = self.config().sessions.health_timeout;
+            if peer.usable_tunnel(health).is_some() {
+                sleep_or_cancel(HEALTH_CHECK, &cancel).await;
+                continue;
+            }
+            let tunnel = match self.driver.connect(endpoint, key) {
+                Ok(t) => t,
+                Err(e) => {
+                    warn!(error = %e, %endpoint, "cannot connect");
+                    sleep_or_cancel(RECONNECT_DELAY, &cancel).await;
+                    continue;
+                }
+            };
+            let handshake = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established()) => r,
+                () = cancel.cancelled() => break,
+            };
+            match handshake {
+                Ok(Ok(())) => {
+                    failures = 0;
+                    self.adopt(&peer, tunnel.clone(), &cancel);
+                    self.watch(&peer, &tunnel, &cancel).await;
+                }
+                // The peer connected at the same moment and its attempt won: use that one.
+                Ok(Err(ConnectionError::Replaced)) => debug!("our handshake lost to the peer's"),
+                Ok(Err(e)) => {
+                    failures += 1;
+                    log_failure(failures, &format!("handshake failed: {e}"), endpoint);
+                    sleep_or_cancel(RECONNECT_DELAY, &cancel).await;
+                }
+                Err(_) => {
+                    tunnel.close(CLOSE_SILENT, b"handshake timed out");
+                    // The peer ignores our attempt when its own, made at the same moment,
+                    // wins; then its tunnel is in service by now.
+                    if peer.usable_tunnel(health).is_some() {
+                        debug!("no answer to the handshake; the peer's own tunnel is up");
+                    } else {
+                        failures += 1;
+                        // The initiation is as long as a data packet: a path with a smaller
+                        // MTU drops it, which looks like this.
+                        log_failure(
+                            failures,
+                            "no answer to the handshake (is the peer running, does it know our \
+                             key, and does the path carry datagrams of the tunnel's \
+                             max_datagram?)",
+                            endpoint,
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes a tunnel into service: it carries new streams and its incoming streams are
+    /// served.
+    fn adopt(self: &Arc<Self>, peer: &Arc<Peer>, tunnel: Tunnel, cancel: &CancellationToken) {
+        peer.add_tunnel(tunnel.clone());
+        info!(remote = %tunnel.remote_address(), rtt = ?tunnel.rtt(), "tunnel in service");
+        let name = peer.config().name;
+        let serve = self
+            .clone()
+            .serve_tunnel(peer.clone(), tunnel, cancel.clone());
+        tokio::spawn(serve.instrument(info_span!("peer", %name)));
+    }
+
+    /// Returns when the tunnel has ended or gone silent (then it is closed), and takes it
+    /// out of service.
+    async fn watch(&self, peer: &Peer, tunnel: &Tunnel, cancel: &CancellationToken) {
+        let mut interval = tokio::time::interval(HEALTH_CHECK);
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                () = cancel.cancelled() => break,
+            }
+            if let Some(e) = tunnel.error() {
+                warn!(error = %e, "tunnel closed");
+                break;
+            }
+            let silent = tunnel.silent_for();
+            let limit = self.config().sessions.health_timeout;
+            if silent >= limit {
+                warn!(silent = ?silent, "peer not heard from; tunnel down");
+                tunnel.close(CLOSE_SILENT, b"peer silent");
+                break;
+            }
+        }
+        peer.remove_tunnel(tunnel);
+        log_tunnel_totals(tunnel);
+    }
+
+    pub(super) async fn accept_tunnels(self: Arc<Self>) {
+        loop {
+            let tunnel = tokio::select! {
+                t = self.driver.accept() => match t { Some(t) => t, None => return },
+                () = self.stop.cancelled() => return,
+            };
+            let entry = self
+                .peer_set()
+                .by_key
+                .get(&tunnel.peer())
+                .map(|e| (e.peer.clone(), e.cancel.clone()));
+            let Some((peer, cancel)) = entry else {
+                tunnel.close(CLOSE_REMOVED, b"not a peer");
+                continue;
+            };
+            let name = peer.config().name;
+            let this = self.clone();
+            tokio::spawn(
+                async move {
+                    match tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return debug!(error = %e, "accepted tunnel ended"),
+                        Err(_) => return debug!("accepted tunnel never confirmed"),
+                    }
+                    this.adopt(&peer, tunnel.clone(), &cancel);
+                    this.watch(&peer, &tunnel, &cancel).await;
+                }
+                .instrument(info_span!("peer", %name)),
+            );
+        }
+    }
+
+    /// Serves the streams the peer opens on `tunnel`.
+    async fn serve_tunnel(
+        self: Arc<Self>,
+        peer: Arc<Peer>,
+        tunnel: Tunnel,
+        cancel: CancellationToken,
+    ) {
+        loop {
+            let stream = tokio::select! {
+                s = tunnel.accept_stream() => match s { Ok(s) => s, Err(_) => return },
+                () = cancel.cancelled() => return,
+            };
+            let this = self.clone();
+            let peer = peer.clone();
+            self.sessions_tracker
+                .spawn(async move { this.inbound(peer, stream).await });
+        }
+    }
+
+    /// Stops every peer's keeper and watchers (their tunnels leave service and log their
+    /// totals), logging what compression did for each peer.
+    pub(super) fn stop_peers(&self) {
+        for entry in self.peer_set().by_key.values() {
+            log_compression_totals(&entry.peer);
+            entry.cancel.cancel();
+        }
+    }
+}
+
+/// What a tunnel carried in its life, logged for operators when it leaves service:
+/// packets, losses and FEC (the API shows the same counters while it is in service).
+fn log_tunnel_totals(tunnel: &Tunnel) {
+    let t = tunnel.stats();
+    info!(
+        packets_sent = t.eliciting_sent,
+        bytes_sent = t.bytes_sent,
+        packets_lost = t.packets_lost,
+        fec_parity_sent = t.fec.parity_sent,
+        fec_parity_bytes = t.fec.parity_bytes_sent,
+        fec_recovered_by_peer = t.fec.recovered_by_peer,
+        fec_recovered = t.fec.recovered,
+        fec_unrecoverable_groups = t.fec.unrecoverable_groups,
+        "tunnel totals"
+    );
+}
+
+/// What compression did for a peer's sessions since the start, logged at shutdown.
+fn log_compression_totals(peer: &Peer) {
+    let c = peer.compression();
+    info!(
+        peer = %peer.config().name,
+        plain_sent = c.plain_sent,
+        wire_sent = c.wire_sent,
+        chunks_deflated = c.chunks_deflated,
+        chunks_incompressible = c.chunks_incompressible,
+        chunks_stored = c.chunks_stored,
+        compress_ms = c.compress_time.as_millis() as u64,
+        wire_received = c.wire_received,
+        plain_received = c.plain_received,
+        inflate_ms = c.inflate_time.as_millis() as u64,
+        "compression totals"
+    );
+}
+
+/// Logs the first failures to reach a peer, then only every tenth, so a peer that is down for
+/// hours does not flood the journal.
+fn log_failure(failures: u32, what: &str, endpoint: SocketAddr) {
+    if failures <= 3 || failures % 10 == 0 {
+        warn!(%endpoint, failures, "{what}");
+    }
+}
+
+async fn sleep_or_cancel(duration: Duration, cancel: &CancellationToken) {
+    tokio::select! {
+        () = tokio::time::sleep(duration) => {}
+        () = cancel.cancelled() => {}
+    }
+}

@@ -1,0 +1,390 @@
+//! The gateway: interception, the tunnel to each peer, sessions both ways, bypass.
+//!
+//! ```text
+//!  LAN client ─TCP─> transparent listener ─> decide(destination's peer by prefix)
+//!  any client ─TCP─> forwarding listener ──> decide(its configured peer), destination = its `to`
+//!  any client ─TCP─> SOCKS5 listener ──────> decide(its configured peer), destination = asked for
+//!                       ├─ peer healthy ──> tunnel stream ═══> peer: connect to destination
+//!                       ├─ secondary healthy ─> its tunnel stream
+//!                       ├─ policy bypass ──> direct TCP to destination (from the client's address)
+//!                       └─ policy reject ──> RST
+//!  peer ═══> tunnel stream ─> connect to meta.destination (from meta.source if transparent) ─TCP─> server
+//! ```
+//!
+//! This module holds the gateway's life: start, reload, shutdown, and what the API reads.
+//! The rest lives in rooms of its own:
+//!
+//! - [`crate::listener`]: the entry points and the one accept loop they share;
+//! - [`crate::routing`]: where a new connection goes (pure);
+//! - `sessions`: outbound sessions (an admitted connection, routed and relayed) and inbound
+//!   ones (a stream the peer opened, connected to its destination);
+//! - `keeper`: the peer set, one keeper per peer with an endpoint (connect, watch health,
+//!   reconnect), the tunnels peers open, and the streams each tunnel carries in.
+//!
+//! Tasks: one per listener, one accepting tunnels, one per peer with an endpoint, one
+//! watching each accepted tunnel, one serving each tunnel's incoming streams, one per
+//! session. Sessions are tracked so that shutdown can wait for them up to a deadline and
+//! then abort the rest.
+
+mod keeper;
+mod sessions;
+
+use crate::config::{GatewayConfig, GatewayError};
+use crate::listener::{self, EntryPoint, Forwarding, Intercepted, Socks};
+use crate::peers::{self, Peer, PeerStatus, PrefixTable};
+use crate::rules::{Rules, RulesError};
+use crate::session::{GatewayTotals, SessionInfo, Sessions};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+use wsx_tunnel::driver::Driver;
+use wsx_tunnel::{EndpointConfig, PublicKey};
+
+/// A running gateway. Dropping it without [`Gateway::shutdown`] leaves the rules installed;
+/// call `shutdown`.
+#[derive(Debug)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+/// What the gateway's tasks share.
+#[derive(Debug)]
+struct Inner {
+    driver: Driver,
+    local_key: PublicKey,
+    config: RwLock<Arc<GatewayConfig>>,
+    peers: Mutex<PeerSet>,
+    sessions: Arc<Sessions>,
+    slots: Arc<Semaphore>,
+    rules: Mutex<Option<Rules>>,
+    /// Cancelled when the gateway stops taking new work.
+    stop: CancellationToken,
+    /// Cancelled when the drain deadline passes: sessions abort.
+    kill: CancellationToken,
+    sessions_tracker: TaskTracker,
+}
+
+/// The configured peers, by key, and the prefix table built from them.
+#[derive(Debug, Default)]
+struct PeerSet {
+    by_key: HashMap<PublicKey, PeerEntry>,
+    table: Arc<PrefixTable>,
+}
+
+impl PeerSet {
+    /// The peer configured under `name`.
+    fn by_name(&self, name: &str) -> Option<&Arc<Peer>> {
+        self.by_key
+            .values()
+            .map(|e| &e.peer)
+            .find(|p| p.config().name == name)
+    }
+}
+
+#[derive(Debug)]
+struct PeerEntry {
+    peer: Arc<Peer>,
+    /// Stops the peer's keeper and watchers.
+    cancel: CancellationToken,
+}
+
+impl Gateway {
+    /// Binds the tunnel socket and the listeners, installs the rules and starts serving.
+    pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
+        config.validate_peers()?;
+        let driver = bind_tunnel(&config)?;
+        info!(address = %driver.local_addr(), public_key = %driver.public_key(), "tunnel listening");
+        let transparent = match &config.intercept {
+            Some(intercept) => listener::bind_transparent(intercept.port)?,
+            None => Vec::new(),
+        };
+        let mut forwards = Vec::new();
+        for forward in &config.forwards {
+            let listener = listener::bind(forward.listen).await?;
+            info!(name = %forward.name, address = %forward.listen, to = %forward.to, peer = %forward.peer, "forwarding listener");
+            forwards.push((listener, forward.clone()));
+        }
+        let mut socks = Vec::new();
+        for s in &config.socks {
+            let listener = listener::bind(s.listen).await?;
+            info!(name = %s.name, address = %s.listen, peer = %s.peer, authentication = !s.users.is_empty(), "SOCKS5 listener");
+            socks.push((listener, s.clone()));
+        }
+        let inner = Arc::new(Inner {
+            local_key: driver.public_key(),
+            driver,
+            slots: Arc::new(Semaphore::new(config.sessions.max_sessions)),
+            config: RwLock::new(Arc::new(config.clone())),
+            peers: Mutex::new(PeerSet::default()),
+            sessions: Arc::new(Sessions::default()),
+            rules: Mutex::new(None),
+            stop: CancellationToken::new(),
+            kill: CancellationToken::new(),
+            sessions_tracker: TaskTracker::new(),
+        });
+        inner.apply_peers(&config.peers);
+        inner.install_rules(&config).await?;
+        for listener in transparent {
+            inner.spawn_accept(listener, Intercepted);
+        }
+        for (listener, forward) in forwards {
+            inner.spawn_accept(listener, Forwarding(forward));
+        }
+        for (listener, s) in socks {
+            inner.spawn_accept(listener, Socks(s));
+        }
+        tokio::spawn(inner.clone().accept_tunnels());
+        Ok(Self { inner })
+    }
+
+    /// Applies a new configuration: peers, prefixes (the rules follow) and session limits.
+    /// Established sessions are kept. The key, the tunnel address, the transport settings
+    /// (`max_datagram`, `max_rate`), the listeners and interception on/off need a restart.
+    pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
+        config.validate_peers()?;
+        let old = self.inner.config();
+        if let Some(what) = old.needs_restart(&config) {
+            return Err(GatewayError::NeedsRestart(what));
+        }
+        *self
+            .inner
+            .config
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(config.clone());
+        self.inner
+            .resize_slots(old.sessions.max_sessions, config.sessions.max_sessions);
+        self.inner
+            .driver
+            .set_peers(config.peers.iter().map(|p| p.public_key).collect());
+        self.inner.apply_peers(&config.peers);
+        self.inner.update_rules(&config).await?;
+        info!(peers = config.peers.len(), "configuration reloaded");
+        Ok(())
+    }
+
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        self.inner.sessions.snapshot(Instant::now())
+    }
+
+    /// One live session.
+    pub fn session(&self, id: u64) -> Option<SessionInfo> {
+        self.inner.sessions.get(id, Instant::now())
+    }
+
+    /// Ends a live session now: the client and the server (or the peer's stream) are reset.
+    /// Returns false if there is no such session.
+    pub fn kill_session(&self, id: u64) -> bool {
+        self.inner.sessions.kill(id)
+    }
+
+    /// What the gateway did since it started.
+    pub fn totals(&self) -> GatewayTotals {
+        self.inner.sessions.totals.snapshot(Instant::now())
+    }
+
+    /// Forces new sessions toward a peer's prefixes to go direct (`true`) or lets them use
+    /// the tunnel again (`false`), until the next reload sets the configured value. Returns
+    /// false if no peer has that name.
+    pub fn set_bypass(&self, name: &str, force: bool) -> bool {
+        let set = self.inner.peer_set();
+        let Some(peer) = set.by_name(name) else {
+            return false;
+        };
+        let mut config = peer.config();
+        config.force_bypass = force;
+        peer.set_config(config);
+        true
+    }
+
+    pub fn peers(&self) -> Vec<PeerStatus> {
+        let health = self.inner.config().sessions.health_timeout;
+        let mut list: Vec<PeerStatus> = self
+            .inner
+            .peer_set()
+            .by_key
+            .values()
+            .map(|e| peers::status(&e.peer, health))
+            .collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        self.inner.local_key
+    }
+
+    pub fn tunnel_addr(&self) -> SocketAddr {
+        self.inner.driver.local_addr()
+    }
+
+    /// Stops taking new connections (the rules stop intercepting them, so they flow past
+    /// unaccelerated), lets sessions finish for up to `deadline`, aborts the rest, removes
+    /// the rules and closes the tunnels.
+    pub async fn shutdown(self, deadline: Duration) {
+        let inner = self.inner;
+        inner.stop.cancel();
+        let rules = inner.lock_rules().take();
+        let rules = match rules {
+            Some(rules) => tokio::task::spawn_blocking(move || {
+                if let Err(e) = rules.drain() {
+                    warn!(error = %e, "could not stop intercepting; removing the rules now");
+                }
+                rules
+            })
+            .await
+            .ok(),
+            None => None,
+        };
+        inner.drain_sessions(deadline).await;
+        if let Some(rules) = rules {
+            let _ = tokio::task::spawn_blocking(move || rules.remove()).await;
+            info!("interception rules removed");
+        }
+        inner.stop_peers();
+        // The cancelled tasks let go of the gateway within a few polls; then the driver can
+        // close the tunnels and wait for the CLOSE frames to leave.
+        let mut inner = inner;
+        for _ in 0..100 {
+            match Arc::try_unwrap(inner) {
+                Ok(inner) => return inner.driver.shutdown().await,
+                Err(shared) => inner = shared,
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        warn!("tasks still running at shutdown; closing the tunnels without waiting");
+    }
+}
+
+/// The tunnel's driver on its UDP socket. Both ends PING at a quarter of the health timeout
+/// when idle, so that a silent tunnel means a dead peer.
+fn bind_tunnel(config: &GatewayConfig) -> Result<Driver, GatewayError> {
+    let mut transport = config.transport.clone();
+    transport.keepalive = transport.keepalive.min(config.sessions.health_timeout / 4);
+    let mut endpoint = EndpointConfig::new(
+        config.secret.clone(),
+        config.peers.iter().map(|p| p.public_key).collect(),
+        fastrand::u64(..),
+    );
+    endpoint.transport = transport;
+    Driver::bind(config.tunnel_listen, endpoint).map_err(|source| GatewayError::TunnelSocket {
+        addr: config.tunnel_listen,
+        source,
+    })
+}
+
+impl Inner {
+    fn config(&self) -> Arc<GatewayConfig> {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn peer_set(&self) -> MutexGuard<'_, PeerSet> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_rules(&self) -> MutexGuard<'_, Option<Rules>> {
+        self.rules.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `listener`'s accept loop: each connection `entry_point` admits becomes an
+    /// outbound session.
+    fn spawn_accept<E: EntryPoint>(self: &Arc<Self>, listener: TcpListener, entry_point: E) {
+        let inner = self.clone();
+        tokio::spawn(listener::accept(
+            listener,
+            Arc::new(entry_point),
+            self.stop.clone(),
+            self.sessions_tracker.clone(),
+            move |entry_point, tcp, client, admission| {
+                inner.clone().outbound(entry_point, tcp, client, admission)
+            },
+        ));
+    }
+
+    /// Installs the rules `config` needs, if any, for the peers' prefixes.
+    async fn install_rules(&self, config: &GatewayConfig) -> Result<(), GatewayError> {
+        let table = self.peer_set().table.clone();
+        let Some(rules) = config.rules(&table) else {
+            return Ok(());
+        };
+        let installed = tokio::task::spawn_blocking(move || Rules::install(rules))
+            .await
+            .map_err(|e| {
+                GatewayError::Rules(RulesError::Failed {
+                    command: "install".into(),
+                    stderr: e.to_string(),
+                })
+            })??;
+        info!(table = crate::rules::TABLE, "interception rules installed");
+        *self.lock_rules() = Some(installed);
+        Ok(())
+    }
+
+    /// Rewrites the installed rules for `config` and the peers' prefixes.
+    async fn update_rules(self: &Arc<Self>, config: &GatewayConfig) -> Result<(), GatewayError> {
+        let table = self.peer_set().table.clone();
+        let Some(rules) = config.rules(&table) else {
+            return Ok(());
+        };
+        let inner = self.clone();
+        tokio::task::spawn_blocking(move || match inner.lock_rules().as_mut() {
+            Some(installed) => installed.update(rules),
+            None => Ok(()),
+        })
+        .await
+        .map_err(|e| {
+            GatewayError::Rules(RulesError::Failed {
+                command: "update".into(),
+                stderr: e.to_string(),
+            })
+        })??;
+        Ok(())
+    }
+
+    /// Changes the number of session slots from `old` to `new`. Slots held by live sessions
+    /// come back later and are then forgotten.
+    fn resize_slots(&self, old: usize, new: usize) {
+        if new > old {
+            self.slots.add_permits(new - old);
+        } else if new < old {
+            let slots = self.slots.clone();
+            let mut missing = old - new;
+            missing -= slots.forget_permits(missing);
+            if missing > 0 {
+                tokio::spawn(async move {
+                    if let Ok(permits) = slots.acquire_many(missing as u32).await {
+                        permits.forget();
+                    }
+                });
+            }
+        }
+    }
+
+    /// Waits for the sessions to end, up to `deadline`; then aborts the rest.
+    async fn drain_sessions(&self, deadline: Duration) {
+        self.sessions_tracker.close();
+        let live = self.sessions.len();
+        if live > 0 {
+            info!(sessions = live, deadline = ?deadline, "draining sessions");
+        }
+        if tokio::time::timeout(deadline, self.sessions_tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                sessions = self.sessions.len(),
+                "drain deadline passed; aborting the rest"
+            );
+            self.kill.cancel();
+            self.sessions_tracker.wait().await;
+        }
+    }
+}

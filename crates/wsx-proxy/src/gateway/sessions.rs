@@ -1,0 +1,355 @@
+//! Sessions, both ways (the table that lists them is [`crate::session`]):
+//!
+//! - **outbound**: a connection an entry point admitted is routed ([`crate::routing`]),
+//!   registered, and relayed through a tunnel stream or directly to its destination; the
+//!   entry point tells its client the outcome through its [`EntryPoint::answer`] hook;
+//! - **inbound**: a stream a peer opened is connected to its destination (from the client's
+//!   address when the stream is transparent and the gateway re-originates) and relayed.
+//!
+//! Each holds a session slot for its life, and runs in a `session` span.
+
+use super::Inner;
+use crate::addrs::ClientAddr;
+use crate::chunked::{Chunked, Codec};
+use crate::config::GatewayConfig;
+use crate::listener::{Admission, Answer, EntryPoint, PeerSelector};
+use crate::peers::Peer;
+use crate::relay::{self, Outcome, Side, code};
+use crate::routing::{self, Candidate, Decision};
+use crate::session::{Ending, Entry, Route, Session, SessionState};
+use crate::sys::{self, LanSocketOptions};
+use std::io;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tracing::{Instrument, debug, info, info_span, warn};
+use wsx_tunnel::driver::{Stream, Tunnel};
+use wsx_tunnel::{StreamMeta, Target};
+
+impl Inner {
+    /// An admitted connection: routed, registered, and relayed through the tunnel or
+    /// directly; `entry_point` answers the client.
+    pub(super) async fn outbound<E: EntryPoint>(
+        self: Arc<Self>,
+        entry_point: Arc<E>,
+        mut tcp: TcpStream,
+        client: ClientAddr,
+        admission: Admission,
+    ) {
+        let config = self.config();
+        let options = LanSocketOptions {
+            keepalive: config.sessions.tcp_keepalive,
+        };
+        if let Err(e) = sys::tune(&tcp, &options) {
+            debug!(error = %e, "tuning the client socket");
+        }
+        let permit = self.slots.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            self.sessions.totals.count(Ending::RefusedLimit);
+        }
+        let Admission {
+            destination,
+            entry,
+            peer: selector,
+            transparent,
+        } = admission;
+        let to = (&destination, &selector, transparent);
+        let Carrier {
+            peer,
+            route,
+            stream,
+        } = match self.route(client, to, permit.is_some()) {
+            Ok(carrier) => carrier,
+            Err(peer) => {
+                info!(%client, %destination, %peer, "peer down; connection rejected");
+                self.sessions.totals.count(Ending::RefusedPeerDown);
+                let _ = entry_point.answer(&mut tcp, Answer::Rejected).await;
+                sys::abort(tcp);
+                return;
+            }
+        };
+        let session = self.sessions.register(
+            Instant::now(),
+            client,
+            (destination.clone(), entry.clone()),
+            peer.clone(),
+            route,
+            self.kill.child_token(),
+        );
+        let span = info_span!("session", id = session.id, %client, %destination, %entry, route = route.as_str(), peer = peer.as_deref().unwrap_or("-"));
+        async {
+            info!("session opened");
+            let outcome = match stream {
+                Some(stream) => {
+                    let answer = Answer::Connected { direct: None };
+                    if let Err(e) = entry_point.answer(&mut tcp, answer).await {
+                        debug!(error = %e, "client gone before its answer");
+                        return;
+                    }
+                    self.relay(&session, tcp, stream).await
+                }
+                // Direct, and for an intercepted client still from its address: the server
+                // sees the same connection it would without wsx.
+                None => {
+                    let from = transparent.then_some(client.0.ip());
+                    let to = (from, &destination);
+                    match self.direct(&*entry_point, &session, tcp, to, &config).await {
+                        Some(outcome) => outcome,
+                        None => return,
+                    }
+                }
+            };
+            self.log_outcome(&session, outcome);
+        }
+        .instrument(span)
+        .await;
+        drop(permit);
+    }
+
+    /// Where an admitted connection goes (`decide`): a stream of the chosen peer's tunnel,
+    /// or the direct path; `Err` with the peer's name when its policy rejects the connection.
+    fn route(
+        &self,
+        client: ClientAddr,
+        (destination, selector, transparent): (&Target, &PeerSelector, bool),
+        slot_free: bool,
+    ) -> Result<Carrier, String> {
+        match self.decide(selector, slot_free) {
+            Decision::Reject { peer } => Err(peer),
+            Decision::Tunnel {
+                peer,
+                tunnel: (tunnel, codec),
+            } => {
+                let meta = StreamMeta {
+                    source: Some(client.0),
+                    destination: Some(destination.clone()),
+                    transparent,
+                    ..StreamMeta::default()
+                };
+                match tunnel.open(meta) {
+                    Ok(stream) => Ok(Carrier {
+                        peer: Some(peer),
+                        route: Route::Tunnel,
+                        stream: Some(Chunked::new(stream, codec)),
+                    }),
+                    Err(e) => {
+                        debug!(error = %e, %peer, "no stream; bypassing");
+                        Ok(Carrier::direct(Some(peer)))
+                    }
+                }
+            }
+            Decision::Bypass { peer, reason } => {
+                debug!(%client, %destination, reason = reason.as_str(), "bypass");
+                Ok(Carrier::direct(peer))
+            }
+        }
+    }
+
+    /// Where a connection for the peer `selector` finds goes, given whether a session slot
+    /// is free: the peer's tunnel, its secondary's, or its failure policy.
+    fn decide(&self, selector: &PeerSelector, slot_free: bool) -> Decision<(Tunnel, Codec)> {
+        let health = self.config().sessions.health_timeout;
+        let set = self.peer_set();
+        let peer = match selector {
+            PeerSelector::Prefix(ip) => set.table.lookup(*ip),
+            PeerSelector::Named(name) => set.by_name(name),
+        };
+        routing::decide(slot_free, peer.map(|p| candidate(p, health)), |name| {
+            set.by_name(name).map(|p| candidate(p, health))
+        })
+    }
+
+    /// The direct path of an outbound session: connects to `destination` (from `from`, the
+    /// client's address, when given), answers the client and relays. `None` if the session
+    /// ended before relaying: the connect failed (the client is reset) or the client left.
+    async fn direct<E: EntryPoint>(
+        &self,
+        entry_point: &E,
+        session: &Session,
+        mut tcp: TcpStream,
+        (from, destination): (Option<IpAddr>, &Target),
+        config: &GatewayConfig,
+    ) -> Option<Outcome> {
+        match sys::connect_target(from, destination, config.sessions.connect_timeout).await {
+            Ok(server) => {
+                let options = LanSocketOptions {
+                    keepalive: config.sessions.tcp_keepalive,
+                };
+                let _ = sys::tune(&server, &options);
+                let answer = Answer::Connected {
+                    direct: Some(&server),
+                };
+                entry_point.answer(&mut tcp, answer).await.ok()?;
+                Some(self.relay(session, tcp, server).await)
+            }
+            Err(e) => {
+                info!(error = %e, "bypass connect failed");
+                self.sessions.totals.count(Ending::ConnectFailed);
+                let _ = entry_point
+                    .answer(&mut tcp, Answer::ConnectFailed(&e))
+                    .await;
+                sys::abort(tcp);
+                None
+            }
+        }
+    }
+
+    /// A stream the peer opened: connect to its destination and relay.
+    pub(super) async fn inbound(self: Arc<Self>, peer: Arc<Peer>, mut stream: Stream) {
+        let (codec, peer) = (peer.codec(), peer.config().name);
+        let meta = stream.meta().clone();
+        let (Some(source), Some(destination)) = (meta.source, meta.destination.clone()) else {
+            stream.reset(code::REJECTED);
+            return;
+        };
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            warn!(%peer, "session limit reached; inbound stream refused");
+            self.sessions.totals.count(Ending::RefusedLimit);
+            stream.reset(code::REJECTED);
+            return;
+        };
+        let config = self.config();
+        let client = ClientAddr(source);
+        let session = self.sessions.register(
+            Instant::now(),
+            client,
+            (destination.clone(), Entry::Tunnel),
+            Some(peer.clone()),
+            Route::Inbound,
+            self.kill.child_token(),
+        );
+        let span = info_span!("session", id = session.id, %client, %destination, entry = %Entry::Tunnel, route = "inbound", %peer);
+        async {
+            let from = (config.transparent_origin && meta.transparent).then_some(client.0.ip());
+            let connect = sys::connect_target(from, &destination, config.sessions.connect_timeout);
+            let connected = tokio::select! {
+                r = connect => r,
+                () = session.kill.cancelled() => Err(io::Error::new(io::ErrorKind::Interrupted, "session ended")),
+            };
+            match connected {
+                Ok(server) => {
+                    let options = LanSocketOptions { keepalive: config.sessions.tcp_keepalive };
+                    if let Err(e) = sys::tune(&server, &options) {
+                        debug!(error = %e, "tuning the server socket");
+                    }
+                    info!("session opened");
+                    let stream = Chunked::new(stream, codec);
+                    let outcome = self.relay(&session, stream, server).await;
+                    self.log_outcome(&session, outcome);
+                }
+                Err(e) => {
+                    let reset = relay::connect_error_code(&e);
+                    info!(error = %e, "connect failed; stream reset");
+                    self.sessions.totals.count(Ending::ConnectFailed);
+                    stream.reset(reset);
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+        drop(permit);
+    }
+
+    /// Relays a session's two sides until they end, it idles out, the operator kills it or
+    /// the drain deadline passes.
+    async fn relay(&self, session: &Session, client: impl Side, server: impl Side) -> Outcome {
+        let config = self.config();
+        relay::relay(
+            client,
+            server,
+            session,
+            config.sessions.relay_buffer,
+            config.sessions.idle_timeout,
+            async {
+                session.kill.cancelled().await;
+                if self.kill.is_cancelled() {
+                    Outcome::Shutdown
+                } else {
+                    Outcome::Killed
+                }
+            },
+        )
+        .await
+    }
+
+    /// Counts how a relayed session ended, and logs it.
+    fn log_outcome(&self, session: &Session, outcome: Outcome) {
+        self.sessions.totals.count(match outcome {
+            Outcome::Complete => Ending::Completed,
+            Outcome::Failed(_) => Ending::Failed,
+            Outcome::Idle => Ending::Idle,
+            Outcome::Killed => Ending::Killed,
+            Outcome::Shutdown => Ending::Shutdown,
+        });
+        log_outcome(session, outcome);
+    }
+}
+
+/// How an outbound session is carried, and the peer and route it is registered under.
+struct Carrier {
+    peer: Option<String>,
+    route: Route,
+    /// The tunnel stream; `None` on the direct path.
+    stream: Option<Chunked<Stream>>,
+}
+
+impl Carrier {
+    /// Directly to the destination, for `peer`'s connection (if any peer serves it).
+    fn direct(peer: Option<String>) -> Self {
+        Self {
+            peer,
+            route: Route::Bypass,
+            stream: None,
+        }
+    }
+}
+
+/// `peer` as routing sees it now.
+fn candidate(peer: &Peer, health: Duration) -> Candidate<(Tunnel, Codec)> {
+    let config = peer.config();
+    Candidate {
+        name: config.name,
+        force_bypass: config.force_bypass,
+        tunnel: peer.usable_tunnel(health).map(|t| (t, peer.codec())),
+        secondary: config.secondary,
+        on_failure: config.on_failure,
+    }
+}
+
+fn log_outcome(session: &Session, outcome: Outcome) {
+    let age = session.started.elapsed();
+    let up = session.from_client.load(Ordering::Relaxed);
+    let down = session.from_server.load(Ordering::Relaxed);
+    match outcome {
+        Outcome::Complete => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session closed"
+        ),
+        Outcome::Failed(e) => {
+            info!(error = %e, bytes_from_client = up, bytes_from_server = down, ?age, "session reset")
+        }
+        Outcome::Idle => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session idle; reset"
+        ),
+        Outcome::Shutdown => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session aborted at shutdown"
+        ),
+        Outcome::Killed => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session killed by the operator"
+        ),
+    }
+    session.set_state(SessionState::HalfClosed);
+}
