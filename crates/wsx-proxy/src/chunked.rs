@@ -222,6 +222,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Chunked<S> {
     }
 }
 
+/// What a step of the reader left to do.
+enum Step {
+    /// Go on with the next state.
+    Again,
+    /// The read is complete: bytes were put in the caller's buffer, or the stream ended
+    /// cleanly between chunks.
+    Done,
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -243,85 +252,117 @@ impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
                 }
                 return Poll::Ready(Ok(()));
             }
-            match this.state {
-                ReadState::Header { have } => {
-                    let need = match have {
-                        0 => 1,
-                        _ => Header::len_for(this.head[0]).map_err(invalid)?,
-                    };
-                    if have < need {
-                        let mut dst = ReadBuf::new(&mut this.head[have..need]);
-                        ready!(Pin::new(&mut this.inner).poll_read(cx, &mut dst))?;
-                        let n = dst.filled().len();
-                        if n == 0 {
-                            // The end of the stream is fine between chunks only.
-                            return Poll::Ready(if have == 0 { Ok(()) } else { Err(truncated()) });
-                        }
-                        this.state = ReadState::Header { have: have + n };
-                        continue;
-                    }
-                    let header = Header::parse(&this.head[..have])
-                        .map_err(invalid)?
-                        .ok_or_else(truncated)?;
-                    if header.deflated {
-                        this.payload.clear();
-                        this.payload.reserve_exact(header.wire);
-                        this.state = ReadState::Deflated { header };
-                    } else {
-                        this.counters.received(
-                            header.len + header.wire,
-                            header.wire,
-                            Duration::ZERO,
-                        );
-                        this.state = ReadState::Stored { left: header.wire };
-                    }
-                    // The header's own bytes are counted with its payload.
-                }
-                ReadState::Stored { left: 0 } => this.state = ReadState::Header { have: 0 },
-                ReadState::Stored { left } => {
-                    let room = left.min(buf.remaining());
-                    let mut dst = ReadBuf::new(buf.initialize_unfilled_to(room));
-                    ready!(Pin::new(&mut this.inner).poll_read(cx, &mut dst))?;
-                    let n = dst.filled().len();
-                    if n == 0 {
-                        return Poll::Ready(Err(truncated()));
-                    }
-                    buf.advance(n);
-                    this.state = ReadState::Stored { left: left - n };
-                    return Poll::Ready(Ok(()));
-                }
-                ReadState::Deflated { header } => {
-                    let have = this.payload.len();
-                    if have < header.wire {
-                        this.payload.resize(header.wire, 0);
-                        let mut dst = ReadBuf::new(&mut this.payload[have..]);
-                        let polled = Pin::new(&mut this.inner).poll_read(cx, &mut dst);
-                        let n = dst.filled().len();
-                        this.payload.truncate(have + n);
-                        ready!(polled)?;
-                        if n == 0 {
-                            return Poll::Ready(Err(truncated()));
-                        }
-                        continue;
-                    }
-                    let start = Instant::now();
-                    if buf.remaining() >= header.plain {
-                        let dst = buf.initialize_unfilled_to(header.plain);
-                        inflate(&this.payload, dst).map_err(invalid)?;
-                        buf.advance(header.plain);
-                    } else {
-                        this.plain.resize(header.plain, 0);
-                        inflate(&this.payload, &mut this.plain).map_err(invalid)?;
-                    }
-                    this.counters
-                        .received(header.len + header.wire, header.plain, start.elapsed());
+            let step = match this.state {
+                ReadState::Header { have } => ready!(this.poll_header(cx, have))?,
+                ReadState::Stored { left: 0 } => {
                     this.state = ReadState::Header { have: 0 };
-                    if this.plain.is_empty() {
-                        return Poll::Ready(Ok(()));
-                    }
+                    Step::Again
                 }
+                ReadState::Stored { left } => ready!(this.poll_stored(cx, buf, left))?,
+                ReadState::Deflated { header } => ready!(this.poll_deflated(cx, buf, header))?,
+            };
+            if let Step::Done = step {
+                return Poll::Ready(Ok(()));
             }
         }
+    }
+}
+
+impl<S: AsyncRead + Unpin> Chunked<S> {
+    /// Collects a chunk header (`have` bytes of it so far) and moves to its payload.
+    fn poll_header(&mut self, cx: &mut Context<'_>, have: usize) -> Poll<io::Result<Step>> {
+        let need = match have {
+            0 => 1,
+            _ => Header::len_for(self.head[0]).map_err(invalid)?,
+        };
+        if have < need {
+            let mut dst = ReadBuf::new(&mut self.head[have..need]);
+            ready!(Pin::new(&mut self.inner).poll_read(cx, &mut dst))?;
+            let n = dst.filled().len();
+            if n == 0 {
+                // The end of the stream is fine between chunks only.
+                return Poll::Ready(if have == 0 {
+                    Ok(Step::Done)
+                } else {
+                    Err(truncated())
+                });
+            }
+            self.state = ReadState::Header { have: have + n };
+            return Poll::Ready(Ok(Step::Again));
+        }
+        let header = Header::parse(&self.head[..have])
+            .map_err(invalid)?
+            .ok_or_else(truncated)?;
+        if header.deflated {
+            self.payload.clear();
+            self.payload.reserve_exact(header.wire);
+            self.state = ReadState::Deflated { header };
+        } else {
+            // The header's own bytes are counted with its payload.
+            self.counters
+                .received(header.len + header.wire, header.wire, Duration::ZERO);
+            self.state = ReadState::Stored { left: header.wire };
+        }
+        Poll::Ready(Ok(Step::Again))
+    }
+
+    /// Reads a stored payload (`left` bytes of it to go) straight into `buf`.
+    fn poll_stored(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        left: usize,
+    ) -> Poll<io::Result<Step>> {
+        let room = left.min(buf.remaining());
+        let mut dst = ReadBuf::new(buf.initialize_unfilled_to(room));
+        ready!(Pin::new(&mut self.inner).poll_read(cx, &mut dst))?;
+        let n = dst.filled().len();
+        if n == 0 {
+            return Poll::Ready(Err(truncated()));
+        }
+        buf.advance(n);
+        self.state = ReadState::Stored { left: left - n };
+        Poll::Ready(Ok(Step::Done))
+    }
+
+    /// Collects a deflated payload, then inflates it into `buf`, or into `plain` when `buf`
+    /// has less room than the chunk holds.
+    fn poll_deflated(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        header: Header,
+    ) -> Poll<io::Result<Step>> {
+        let have = self.payload.len();
+        if have < header.wire {
+            self.payload.resize(header.wire, 0);
+            let mut dst = ReadBuf::new(&mut self.payload[have..]);
+            let polled = Pin::new(&mut self.inner).poll_read(cx, &mut dst);
+            let n = dst.filled().len();
+            self.payload.truncate(have + n);
+            ready!(polled)?;
+            if n == 0 {
+                return Poll::Ready(Err(truncated()));
+            }
+            return Poll::Ready(Ok(Step::Again));
+        }
+        let start = Instant::now();
+        if buf.remaining() >= header.plain {
+            let dst = buf.initialize_unfilled_to(header.plain);
+            inflate(&self.payload, dst).map_err(invalid)?;
+            buf.advance(header.plain);
+        } else {
+            self.plain.resize(header.plain, 0);
+            inflate(&self.payload, &mut self.plain).map_err(invalid)?;
+        }
+        self.counters
+            .received(header.len + header.wire, header.plain, start.elapsed());
+        self.state = ReadState::Header { have: 0 };
+        Poll::Ready(Ok(if self.plain.is_empty() {
+            Step::Done
+        } else {
+            Step::Again
+        }))
     }
 }
 
