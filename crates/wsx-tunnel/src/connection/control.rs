@@ -6,6 +6,7 @@
 //! order and holds messages that arrive early, up to [`MAX_CONTROL_MESSAGES`] ahead.
 
 use super::error::TransportError;
+use crate::wire::frame::CONTROL;
 use crate::wire::{Frame, Writer};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -106,9 +107,8 @@ impl ControlChannel {
             return Ok(());
         }
         if data.len() > MAX_CONTROL_LEN || seq >= self.expected + MAX_CONTROL_MESSAGES as u64 {
-            let frame = Frame::Control { seq, data }.ty();
             return Err(TransportError::violation(
-                Some(frame),
+                Some(CONTROL),
                 "control message beyond the allowed window",
             ));
         }
@@ -208,7 +208,7 @@ mod tests {
         let mut c = ControlChannel::default();
         let far = MAX_CONTROL_MESSAGES as u64;
         let e = c.on_frame(far, b"x", |_| {}).unwrap_err();
-        assert_eq!(e.frame, Some(0x07));
+        assert_eq!(e.frame, Some(CONTROL));
         let e = c
             .on_frame(0, &[0; MAX_CONTROL_LEN + 1], |_| {})
             .unwrap_err();

@@ -38,7 +38,9 @@ use crate::crypto::{Keys, PublicKey, SecretKey};
 use crate::pacing::Pacer;
 use crate::replay::ReplayWindow;
 use crate::rtt::RttEstimator;
-use crate::streams::{PeerLimits, Scheduler, StreamError, StreamEvent, StreamLimits, Streams};
+use crate::streams::{
+    PeerLimits, Scheduler, StreamError, StreamEvent, StreamFrameSent, StreamLimits, Streams,
+};
 use crate::wire::frame::MAX_REASON_LEN;
 use crate::wire::{StreamId, StreamMeta};
 use ack::AckState;
@@ -146,7 +148,7 @@ pub struct Connection {
     close_resend: bool,
     stats: ConnectionStats,
     /// Where a packet's stream frames are recorded while it is built.
-    stream_frames: Vec<crate::streams::StreamFrameSent>,
+    stream_frames: Vec<StreamFrameSent>,
     /// Where a rebuilt packet is processed.
     recovered_buf: Vec<u8>,
 }

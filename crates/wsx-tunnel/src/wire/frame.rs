@@ -13,18 +13,19 @@ use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::{Range, RangeInclusive};
 
+// Frame types ([`Frame::ty`]); errors name the frame that caused them by these.
 const PADDING: u64 = 0x00;
 const PING: u64 = 0x01;
-const ACK: u64 = 0x02;
+pub(crate) const ACK: u64 = 0x02;
 const CLOSE: u64 = 0x03;
 const MAX_DATA: u64 = 0x04;
 const MAX_STREAM_DATA: u64 = 0x05;
 const MAX_STREAMS: u64 = 0x06;
-const CONTROL: u64 = 0x07;
+pub(crate) const CONTROL: u64 = 0x07;
 const OPEN: u64 = 0x08;
 const RESET: u64 = 0x09;
 /// Packets the receiver rebuilt from parity: laid out as ACK, with a zero delay.
-const RECOVERED: u64 = 0x0a;
+pub(crate) const RECOVERED: u64 = 0x0a;
 /// STREAM frames use types 0x10-0x13: bit 0 is FIN, bit 1 says an explicit length follows.
 const STREAM: u64 = 0x10;
 const STREAM_FIN: u64 = 0x01;

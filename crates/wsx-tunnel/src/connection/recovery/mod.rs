@@ -18,6 +18,7 @@ use crate::congestion::{
 use crate::rtt::{GRANULARITY, INITIAL_RTT, RttEstimator};
 use crate::streams::StreamFrameSent;
 use crate::wire::Ack;
+use crate::wire::frame::{ACK, RECOVERED};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -314,7 +315,7 @@ impl Recovery {
     pub(super) fn on_recovered_frame(&mut self, ranges: &Ack) -> Result<(), TransportError> {
         if ranges.largest() >= self.next_pn {
             let reason = format!("RECOVERED of unsent packet {}", ranges.largest());
-            return Err(TransportError::violation(Some(0x0a), reason));
+            return Err(TransportError::violation(Some(RECOVERED), reason));
         }
         for range in ranges.ranges() {
             let lo = (*range.start()).max(self.sent_base);
@@ -338,7 +339,7 @@ impl Recovery {
         let largest = ack.largest();
         if largest >= self.next_pn {
             let reason = format!("ACK of unsent packet {largest}");
-            return Err(TransportError::violation(Some(0x02), reason));
+            return Err(TransportError::violation(Some(ACK), reason));
         }
         let acked = self.take_acked(now, ack, frames);
         self.trim_sent();

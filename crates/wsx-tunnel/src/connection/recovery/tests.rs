@@ -124,7 +124,7 @@ fn an_ack_of_an_unsent_packet_is_a_violation() {
     let e = r
         .on_ack_frame(t0, &ack(&[1], 0), &mut Outcomes::default())
         .unwrap_err();
-    assert_eq!(e.frame, Some(0x02));
+    assert_eq!(e.frame, Some(ACK));
     assert!(r.on_recovered_frame(&ack(&[5], 0)).is_err());
 }
 
