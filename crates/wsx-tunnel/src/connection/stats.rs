@@ -1,6 +1,6 @@
 //! What a connection counts.
 
-use super::FecStats;
+use super::fec::FecStats;
 use crate::congestion::ControllerState;
 use std::time::Duration;
 
