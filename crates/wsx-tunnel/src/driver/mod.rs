@@ -937,12 +937,11 @@ impl Out<'_> {
     /// parked).
     fn transmit(&mut self, entry: &mut Entry, now: Instant) -> bool {
         if let Some((destination, segment_size)) = entry.parked_to {
-            match self.send(destination, &entry.parked, segment_size) {
-                socket::Outcome::Blocked => return true,
-                #[cfg(test)]
-                socket::Outcome::Held => return false,
-                sent => self.count(sent, destination, entry.parked.len(), segment_size),
+            let outcome = self.send(destination, &entry.parked, segment_size);
+            if let Some(wait) = outcome.not_sent() {
+                return wait;
             }
+            self.count(outcome, destination, entry.parked.len(), segment_size);
             entry.parked_to = None;
             entry.parked.clear();
         }
@@ -951,20 +950,13 @@ impl Out<'_> {
             let Some(t) = transmit else { break };
             let destination = socket::for_socket(t.destination, self.ipv6_socket);
             let contents = &self.buf[..t.size];
-            match self.send(destination, contents, t.segment_size) {
-                socket::Outcome::Blocked => {
-                    entry.parked.extend_from_slice(contents);
-                    entry.parked_to = Some((destination, t.segment_size));
-                    return true;
-                }
-                #[cfg(test)]
-                socket::Outcome::Held => {
-                    entry.parked.extend_from_slice(contents);
-                    entry.parked_to = Some((destination, t.segment_size));
-                    return false;
-                }
-                sent => self.count(sent, destination, t.size, t.segment_size),
+            let outcome = self.send(destination, contents, t.segment_size);
+            if let Some(wait) = outcome.not_sent() {
+                entry.parked.extend_from_slice(contents);
+                entry.parked_to = Some((destination, t.segment_size));
+                return wait;
             }
+            self.count(outcome, destination, t.size, t.segment_size);
         }
         false
     }
@@ -1002,6 +994,7 @@ impl Out<'_> {
                 stats.send_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%destination, error = %e, "send refused");
             }
+            // Parked, not counted: see `transmit`.
             socket::Outcome::Blocked => {}
             #[cfg(test)]
             socket::Outcome::Held => {}

@@ -172,6 +172,20 @@ pub(super) enum Outcome {
     Refused(io::Error),
 }
 
+impl Outcome {
+    /// `Some` when nothing was sent and the transmit must wait, saying whether the wait is
+    /// for the socket to become writable (a full buffer) or only for the next round (a
+    /// test's held destination, whose socket stays writable).
+    pub(super) fn not_sent(&self) -> Option<bool> {
+        match self {
+            Outcome::Blocked => Some(true),
+            #[cfg(test)]
+            Outcome::Held => Some(false),
+            Outcome::Sent | Outcome::Refused(_) => None,
+        }
+    }
+}
+
 /// Sends `contents` (several datagrams of `segment_size` when given) if the socket takes
 /// them now. Never waits: a full buffer is [`Outcome::Blocked`], and clears the socket's write
 /// readiness so that `writable()` waits for room.
