@@ -219,6 +219,25 @@ impl Tree {
         error: impl Fn(usize, Field, String) -> TreeError,
     ) -> Result<(), TreeError> {
         for (i, node) in self.nodes.iter().enumerate() {
+            // A minimum above what the children may ever send together.
+            let caps: Option<u64> = node
+                .children
+                .iter()
+                .map(|&c| self.nodes[c].spec.max_rate.map(Rate::bits_per_second))
+                .sum();
+            if let (Some(min), Some(caps)) = (node.spec.min_rate, caps)
+                && !node.children.is_empty()
+                && min.bits_per_second() > caps
+            {
+                return Err(error(
+                    i - 1,
+                    Field::MinRate,
+                    format!(
+                        "the minimum ({min}) is above what its children may send together ({})",
+                        display_bits(caps)
+                    ),
+                ));
+            }
             let assured: u64 = node
                 .children
                 .iter()
@@ -477,6 +496,17 @@ mod tests {
         ])
         .unwrap_err();
         assert_eq!((e.index, e.field), (0, Field::MinRate));
+        // A minimum its children's maximums could never carry.
+        let e = build(vec![
+            with_min("p", None, 20),
+            ScenarioSpec {
+                max_rate: Some(Rate::mbit(15)),
+                ..scenario("x", Some("p"))
+            },
+        ])
+        .unwrap_err();
+        assert_eq!((e.index, e.field), (0, Field::MinRate));
+        assert!(e.reason.contains("15 Mbit/s"), "{e}");
         // A parent without a minimum passes its children's on to its own parent.
         build(vec![
             scenario("p", None),

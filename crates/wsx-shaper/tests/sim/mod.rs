@@ -38,6 +38,13 @@ pub struct Source {
     pub delays: Vec<u64>,
 }
 
+impl Source {
+    /// Bytes sent.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+}
+
 /// One turn, as sent.
 #[derive(Debug, Clone, Copy)]
 pub struct Record {
