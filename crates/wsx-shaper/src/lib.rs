@@ -17,6 +17,9 @@
 //!   [`CATCH_UP`], no credit for idling).
 //! - [`tree`]: [`ScenarioSpec`] and [`Tree::build`], which refuses what could never be
 //!   honoured and names the scenario and field.
+//! - [`classify`]: [`FilterSpec`]s and named [`AddressList`]s compiled into a
+//!   [`Classifier`]: the first matching filter names a session's scenario, at a cost that
+//!   does not grow with the number of filters.
 //! - [`shaper`]: [`Shaper`], the two-phase scheduler (minimums by earliest deadline, then the
 //!   excess by priority and equal shares, then the flows of a leaf by deficit round robin).
 //!   Its module documentation states the model.
@@ -28,10 +31,14 @@
 //! Only what a gateway relays is shaped: TCP sessions it terminates. UDP and ICMP pass
 //! through the gateway's kernel untouched.
 
+pub mod classify;
 pub mod rate;
 pub mod shaper;
 pub mod tree;
 
+pub use classify::{
+    AddressList, Classifier, FilterError, FilterField, FilterSpec, Match, PortRange, SessionKey,
+};
 pub use rate::{CATCH_UP, Rate, RateError};
 pub use shaper::{FlowId, GRANT, Grant, PortId, PortKind, ScenarioStats, Shaper};
 pub use tree::{
