@@ -35,7 +35,7 @@
 
 use crate::rate::{Nanos, RateClock};
 use crate::tree::{Mode, NodeIndex, PRIORITIES, ROOT, ScenarioId, Tree};
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// The most one turn may carry: two full-sized TCP segments. A grant is sent at once, so
@@ -109,8 +109,8 @@ pub struct Shaper {
     flows: Vec<Flow>,
     free: Vec<u32>,
     ports: Vec<Option<PortKind>>,
-    /// Nodes with a minimum rate.
-    with_min: Vec<NodeIndex>,
+    /// Busy nodes with a minimum rate, by when their minimum is next due.
+    minimums: BTreeSet<(Nanos, NodeIndex)>,
     /// The last turn handed out, and the node whose minimum it served (if phase 1).
     last: Option<(FlowId, Option<NodeIndex>)>,
     /// Reused candidate lists, one per tree level (no allocation per turn).
@@ -190,9 +190,6 @@ impl Shaper {
         for node in &mut nodes {
             node.children.sort_by_key(|&c| priorities[c]);
         }
-        let with_min = (0..nodes.len())
-            .filter(|&i| nodes[i].min.is_some())
-            .collect();
         let depth = tree.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
         Self {
             tree,
@@ -201,7 +198,7 @@ impl Shaper {
             flows: Vec::new(),
             free: Vec::new(),
             ports: Vec::new(),
-            with_min,
+            minimums: BTreeSet::new(),
             last: None,
             scratch: vec![Vec::new(); depth + 1],
         }
@@ -395,10 +392,8 @@ impl Shaper {
             if let Some(max) = &mut node.max {
                 max.charge(bytes_u64, now);
             }
-            if let Some(min) = &mut node.min {
-                min.charge_floor(bytes_u64, now);
-            }
             node.stats.bytes += bytes_u64;
+            self.update_minimum(n, |min| min.charge_floor(bytes_u64, now));
             at = parent;
         }
         if !more {
@@ -409,8 +404,8 @@ impl Shaper {
     /// When `caller` should ask again: `None` if none of its flows (nor a pumped port's)
     /// has anything to send, `now` or earlier if one may send at once.
     pub fn poll_timeout(&self, now: Instant, caller: PortId) -> Option<Instant> {
-        let at = self.eligible_at(ROOT, caller)?;
-        Some((self.epoch + Duration::from_nanos(at)).max(now))
+        let at = self.eligible_at(ROOT, caller, self.nanos(now))?;
+        Some(self.epoch + Duration::from_nanos(at))
     }
 
     /// The totals of the scenario at `index` in the tree's list (interior ones count their
@@ -432,17 +427,11 @@ impl Shaper {
     ) -> Option<(usize, Option<NodeIndex>)> {
         let mut due = std::mem::take(&mut self.scratch[0]);
         due.clear();
-        for &n in &self.with_min {
-            let node = &self.nodes[n];
-            if let Some(min) = &node.min
-                && min.ready(now)
-                && self.busy(n, caller)
-                && self.ancestors_ready(n, now)
-            {
-                due.push((min.next(), n));
+        for &(at, n) in self.minimums.range(..(now.saturating_add(1), 0)) {
+            if self.busy(n, caller) && self.ancestors_ready(n, now) {
+                due.push((at, n));
             }
         }
-        due.sort_unstable();
         let mut found = None;
         for &(_, n) in &due {
             if let Ok(flow) = self.descend(n, now, caller) {
@@ -485,8 +474,12 @@ impl Shaper {
                     candidates.push((node.tag, child));
                 }
             }
-            candidates.sort_unstable();
-            for &(_, child) in &candidates {
+            // The lowest tag first; the rest only if it cannot send (held by a maximum).
+            while !candidates.is_empty() {
+                let lowest = (0..candidates.len())
+                    .min_by_key(|&i| candidates[i])
+                    .unwrap_or(0);
+                let (_, child) = candidates.swap_remove(lowest);
                 match self.descend(child, now, caller) {
                     Ok(flow) => {
                         found = Ok(flow);
@@ -567,16 +560,19 @@ impl Shaper {
         }
     }
 
-    /// The earliest time `n`'s subtree may send for `caller`, if it has anything to send.
-    fn eligible_at(&self, n: NodeIndex, caller: PortId) -> Option<Nanos> {
+    /// The earliest time `n`'s subtree may send for `caller`, if it has anything to send;
+    /// anything at or before `floor` (the present, or an ancestor's own next departure) is
+    /// as good as `floor`, so the search stops at the first child that may send by then.
+    fn eligible_at(&self, n: NodeIndex, caller: PortId, floor: Nanos) -> Option<Nanos> {
         if !self.busy(n, caller) {
             return None;
         }
         let own = self.nodes[n].max.as_ref().map_or(0, RateClock::next);
+        let floor = floor.max(own);
         let below = if self.nodes[n].children.is_empty() {
             if self.tree.nodes[n].spec.mode != Mode::Fixed {
                 // Flows without a rate of their own may always send.
-                return Some(own);
+                return Some(floor);
             }
             self.nodes[n]
                 .rings
@@ -588,13 +584,18 @@ impl Shaper {
                 .map(|f| f.clock.as_ref().map_or(0, RateClock::next))
                 .min()?
         } else {
-            self.nodes[n]
-                .children
-                .iter()
-                .filter_map(|&c| self.eligible_at(c, caller))
-                .min()?
+            let mut earliest = None;
+            for &c in &self.nodes[n].children {
+                if let Some(at) = self.eligible_at(c, caller, floor) {
+                    if at <= floor {
+                        return Some(floor);
+                    }
+                    earliest = Some(earliest.map_or(at, |e: Nanos| e.min(at)));
+                }
+            }
+            earliest?
         };
-        Some(own.max(below))
+        Some(floor.max(below))
     }
 
     /// Whether `n`'s subtree has flows to send that `caller` may serve.
@@ -641,9 +642,7 @@ impl Shaper {
                 if let Some(max) = &mut node.max {
                     max.restart(now);
                 }
-                if let Some(min) = &mut node.min {
-                    min.restart(now);
-                }
+                self.update_minimum(n, |min| min.restart(now));
                 if let Some(p) = parent {
                     let vtime = self.nodes[p].vtime[self.nodes[n].priority];
                     let node = &mut self.nodes[n];
@@ -651,6 +650,18 @@ impl Shaper {
                 }
             }
             at = parent;
+        }
+    }
+
+    /// Changes node `n`'s minimum clock (if it has one) and keeps its place in
+    /// [`Shaper::minimums`] (only while the node is busy).
+    fn update_minimum(&mut self, n: NodeIndex, change: impl FnOnce(&mut RateClock)) {
+        let node = &mut self.nodes[n];
+        let Some(min) = &mut node.min else { return };
+        self.minimums.remove(&(min.next(), n));
+        change(min);
+        if node.active.iter().any(|&(_, count)| count > 0) {
+            self.minimums.insert((min.next(), n));
         }
     }
 
@@ -673,6 +684,7 @@ impl Shaper {
             }
             node.stats.backlogged -= 1;
             at = node.parent;
+            self.update_minimum(n, |_| ());
         }
     }
 
@@ -788,6 +800,17 @@ mod tests {
         s.remove_port(port);
         assert_eq!(s.total().flows, 0);
         assert_eq!(s.next(now, port), None);
+    }
+
+    #[test]
+    fn a_flow_costs_64_bytes_and_a_ring_slot() {
+        // The memory budget per flow in the docs (ARCHITECTURE.md): the flow's slot, plus
+        // 4 bytes in its scenario's ring while it has something to send.
+        assert!(
+            std::mem::size_of::<Flow>() <= 64,
+            "{}",
+            std::mem::size_of::<Flow>()
+        );
     }
 
     #[test]

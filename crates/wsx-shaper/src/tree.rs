@@ -213,6 +213,19 @@ impl Tree {
         &self.nodes[id.0].spec
     }
 
+    /// What node `n`'s subtree is assured: its minimum, or without one, its children's
+    /// added up (a parent without a minimum passes its children's on to its own parent).
+    fn assured(&self, n: NodeIndex) -> u64 {
+        match self.nodes[n].spec.min_rate {
+            Some(min) => min.bits_per_second(),
+            None => self.nodes[n]
+                .children
+                .iter()
+                .map(|&c| self.assured(c))
+                .sum(),
+        }
+    }
+
     /// Minimums that could never all be met, and maximums below a minimum.
     fn check_rates(
         &self,
@@ -238,12 +251,7 @@ impl Tree {
                     ),
                 ));
             }
-            let assured: u64 = node
-                .children
-                .iter()
-                .filter_map(|&c| self.nodes[c].spec.min_rate)
-                .map(Rate::bits_per_second)
-                .sum();
+            let assured: u64 = node.children.iter().map(|&c| self.assured(c)).sum();
             if assured == 0 {
                 continue;
             }
@@ -514,6 +522,16 @@ mod tests {
             with_min("y", Some("p"), 50),
         ])
         .unwrap();
+        let e = build(vec![
+            ScenarioSpec {
+                max_rate: Some(Rate::mbit(5)),
+                ..scenario("p", None)
+            },
+            scenario("q", Some("p")),
+            with_min("x", Some("q"), 6),
+        ])
+        .unwrap_err();
+        assert_eq!((e.index, e.field), (0, Field::MinRate), "{e}");
     }
 
     #[test]
