@@ -141,6 +141,9 @@ pub struct Connection {
     fec_receiver: Option<Box<FecReceiver>>,
     /// A PING is to be sent (keepalive, probe, or the initiator's confirmation).
     ping_pending: bool,
+    /// Until when the stream scheduler holds back all the data waiting (a rate), as found
+    /// by the last transmit; the pacing timer waits for it.
+    held_until: Option<Instant>,
     events: VecDeque<Event>,
     last_heard: Instant,
     last_sent: Instant,
@@ -187,6 +190,7 @@ impl Connection {
             control: ControlChannel::default(),
             fec_receiver: None,
             ping_pending: false,
+            held_until: None,
             events: VecDeque::new(),
             last_heard: setup.now,
             last_sent: setup.now,
@@ -506,7 +510,11 @@ impl Connection {
                 );
             }
             if self.wants_to_send_data() && self.recovery.window_room() > 0 {
-                timers.set(Timer::Pacing, self.pacer.next());
+                let pacing = match (self.pacer.next(), self.held_until) {
+                    (Some(pacer), Some(held)) => Some(pacer.max(held)),
+                    (pacer, held) => held.or(pacer),
+                };
+                timers.set(Timer::Pacing, pacing);
             }
             let fec = self.recovery.fec.as_ref();
             timers.set(Timer::FecFlush, fec.and_then(|f| f.deadline()));

@@ -148,13 +148,28 @@ impl Connection {
         DATA_HEADER_LEN + payload_len + TAG_LEN
     }
 
+    /// Until when the stream scheduler holds back everything waiting to be sent, if it does:
+    /// only stream data waits, and the scheduler gives none of it a turn before then.
+    fn held_until(&self, now: Instant) -> Option<Instant> {
+        let other = self.recovery.fec.as_ref().is_some_and(|f| f.has_parity())
+            || self.ping_pending
+            || self.recovery.probes() > 0
+            || self.control.has_queued()
+            || self.streams.has_control_pending();
+        if other {
+            return None;
+        }
+        self.streams.held_until(now)
+    }
+
     /// How many data packets the pacer, the window and the burst limit let leave now, out
     /// of `slots` of `max` bytes.
     fn data_burst(&self, now: Instant, slots: usize, max: usize, rate: u64) -> usize {
         if self.recovery.probes() > 0 {
             return self.recovery.probes() as usize;
         }
-        if !self.wants_to_send_data() || self.pacer.delay(now).is_some() {
+        let held = self.held_until.is_some();
+        if !self.wants_to_send_data() || held || self.pacer.delay(now).is_some() {
             return 0;
         }
         let room = self.recovery.window_room();
@@ -178,6 +193,12 @@ impl Connection {
         let ack_due = self.acks.is_due(now);
         let probing = self.recovery.probes() > 0;
         let rate = self.recovery.pacing_rate(self.config.max_rate);
+        self.held_until = self.held_until(now);
+        if self.held_until.is_some() && self.recovery.window_room() > 0 {
+            // Held by the scheduler's rate, not by the path: delivery samples taken now
+            // must not lower the estimate of what the path carries.
+            self.recovery.on_app_limited();
+        }
         let data_packets = self.data_burst(now, slots, max, rate);
         if data_packets == 0 && !ack_due {
             return None;
@@ -305,7 +326,7 @@ impl Connection {
                 acked = self.write_acks(now, &mut w);
             }
             if with_data {
-                eliciting = self.write_data(&mut w, &mut frames);
+                eliciting = self.write_data(now, &mut w, &mut frames);
             }
             w.len()
         };
@@ -352,14 +373,19 @@ impl Connection {
     /// Writes stream credit and resets, control messages, stream data and, if nothing else
     /// elicits an ACK, a due PING; pads a nearly full packet. Records what needs tracking in
     /// `frames`; returns whether the packet is ack-eliciting.
-    fn write_data(&mut self, w: &mut Writer<'_>, frames: &mut Vec<SentFrame>) -> bool {
+    fn write_data(
+        &mut self,
+        now: Instant,
+        w: &mut Writer<'_>,
+        frames: &mut Vec<SentFrame>,
+    ) -> bool {
         let stream_frames = &mut self.stream_frames;
         self.streams.write_control_frames(w, stream_frames);
         let mut eliciting = self
             .control
             .write_frames(w, |seq| frames.push(SentFrame::Control(seq)));
         let before = w.len();
-        let stream_bytes = self.streams.write_stream_frames(w, stream_frames);
+        let stream_bytes = self.streams.write_stream_frames(now, w, stream_frames);
         self.stats.stream_bytes_sent += stream_bytes as u64;
         eliciting |= w.len() > before || !stream_frames.is_empty();
         frames.extend(stream_frames.drain(..).map(SentFrame::Stream));

@@ -38,6 +38,7 @@ mod timer;
 
 pub use socket::SOCKET_BUFFER;
 pub use stream::Stream;
+pub use timer::Timer;
 
 use crate::config::{EndpointConfig, FecMode};
 use crate::connection::{Connection, ConnectionError, ConnectionStats, ControlError, Event};
@@ -289,6 +290,13 @@ impl Tunnel {
     /// [`Connection::set_fec`](crate::Connection::set_fec).
     pub fn set_fec(&self, mode: FecMode, max_overhead: f64) {
         self.link.lock().connection.set_fec(mode, max_overhead);
+    }
+
+    /// Hands the order in which this tunnel's streams send to `scheduler`; see
+    /// [`Connection::set_scheduler`](crate::Connection::set_scheduler).
+    pub fn set_scheduler(&self, scheduler: Box<dyn crate::Scheduler>) {
+        self.link.lock().connection.set_scheduler(scheduler);
+        self.link.touch();
     }
 
     /// Whether the handshake has completed and the connection has not ended.

@@ -15,15 +15,17 @@ use tokio::io::unix::AsyncFd;
 /// The shortest delay armed: a zero duration would disarm a timerfd instead of firing it.
 const MIN_DELAY: Duration = Duration::from_micros(1);
 
+/// A one-shot timer with nanosecond resolution (a timerfd on tokio's reactor). The driver
+/// paces with it; the gateway's shaper serves its direct relays with it, for the same reason.
 #[derive(Debug)]
-pub(super) struct Timer {
+pub struct Timer {
     fd: AsyncFd<TimerFd>,
     /// The deadline set, so that an unchanged one costs no system call.
     armed: Option<Instant>,
 }
 
 impl Timer {
-    pub(super) fn new() -> io::Result<Self> {
+    pub fn new() -> io::Result<Self> {
         let fd = TimerFd::new_custom(ClockId::Monotonic, true, true)?;
         // SAFETY: a `TimerFd` owns its descriptor, keeps it open until it is dropped, and
         // always reports the same one; the `AsyncFd` owns the `TimerFd`.
@@ -32,7 +34,7 @@ impl Timer {
     }
 
     /// Fires once at `deadline` (replacing any earlier setting); `now` is the current time.
-    pub(super) fn arm(&mut self, deadline: Instant, now: Instant) {
+    pub fn arm(&mut self, deadline: Instant, now: Instant) {
         if self.armed == Some(deadline) {
             return;
         }
@@ -43,7 +45,7 @@ impl Timer {
             .set_state(TimerState::Oneshot(delay), SetTimeFlags::Default);
     }
 
-    pub(super) fn disarm(&mut self) {
+    pub fn disarm(&mut self) {
         if self.armed.take().is_some() {
             self.fd
                 .get_mut()
@@ -52,7 +54,7 @@ impl Timer {
     }
 
     /// Completes when the armed time has come. Never completes while disarmed.
-    pub(super) async fn expired(&mut self) -> io::Result<()> {
+    pub async fn expired(&mut self) -> io::Result<()> {
         loop {
             let mut guard = self.fd.readable().await?;
             // Non-blocking read: 0 when the readiness was stale (the timer was re-armed after

@@ -19,6 +19,7 @@ pub use scheduler::{RoundRobin, Scheduler, Turn};
 use send::SendBuf;
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 /// A stream buffer that empties gives memory back above this capacity.
 const SHRINK_ABOVE: usize = 64 * 1024;
@@ -302,11 +303,35 @@ impl Streams {
 
     /// Hands the order of sending to `scheduler`; the streams queued now move to it.
     pub(crate) fn set_scheduler(&mut self, mut scheduler: Box<dyn Scheduler>) {
-        while let Some(turn) = self.scheduler.next() {
-            self.scheduler.remove(turn.id);
-            scheduler.push(turn.id);
+        let mut queued: Vec<StreamId> = self
+            .map
+            .iter()
+            .filter(|(_, s)| s.queued)
+            .map(|(&id, _)| id)
+            .collect();
+        queued.sort_unstable();
+        for id in queued {
+            self.scheduler.remove(id);
+            scheduler.push(id);
         }
         self.scheduler = scheduler;
+    }
+
+    /// When the scheduler lets a queued stream send, if it holds them all back now.
+    pub(crate) fn held_until(&self, now: Instant) -> Option<Instant> {
+        if self.scheduler.is_empty() {
+            return None;
+        }
+        self.scheduler.poll_timeout(now).filter(|&at| at > now)
+    }
+
+    /// Whether anything but stream data the scheduler holds back is waiting: credit,
+    /// resets.
+    pub(crate) fn has_control_pending(&self) -> bool {
+        self.max_data_queued
+            || self.max_streams_queued
+            || !self.resets.is_empty()
+            || !self.max_stream_data.is_empty()
     }
 
     pub(crate) fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
@@ -477,11 +502,7 @@ impl Streams {
 
     /// Whether any stream frame or credit is waiting to be sent.
     pub(crate) fn has_pending(&self) -> bool {
-        self.max_data_queued
-            || self.max_streams_queued
-            || !self.resets.is_empty()
-            || !self.max_stream_data.is_empty()
-            || !self.scheduler.is_empty()
+        self.has_control_pending() || !self.scheduler.is_empty()
     }
 
     /// Writes control frames (credit, resets) that fit in `w`, recording them in `sent`.
@@ -539,13 +560,14 @@ impl Streams {
     /// nothing is left; records them in `sent`. Returns the stream bytes written.
     pub(crate) fn write_stream_frames(
         &mut self,
+        now: Instant,
         w: &mut Writer<'_>,
         sent: &mut Vec<StreamFrameSent>,
     ) -> usize {
         let mut total = 0;
         // The smallest useful frame: a header and a few bytes.
         while w.remaining() >= 24 {
-            let Some(turn) = self.scheduler.next() else {
+            let Some(turn) = self.scheduler.next(now) else {
                 break;
             };
             let id = turn.id;
@@ -607,7 +629,7 @@ impl Streams {
             }
             let more = stream.wants_to_send(self.send_max_data - self.sent_data);
             stream.queued = more;
-            self.scheduler.sent(id, bytes, more);
+            self.scheduler.sent(id, bytes, more, now);
         }
         total
     }

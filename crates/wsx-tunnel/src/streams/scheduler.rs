@@ -10,6 +10,7 @@
 use crate::wire::StreamId;
 use std::collections::VecDeque;
 use std::fmt;
+use std::time::Instant;
 
 /// One stream's turn: it may send one frame of at most `max_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,17 +25,28 @@ pub struct Turn {
 /// The stream layer calls [`push`](Scheduler::push) once when a stream starts to want to
 /// send (never twice without a `sent(.., false)` or [`remove`](Scheduler::remove) between),
 /// and `remove` when it is reset or closed while queued.
+///
+/// A scheduler may hold queued streams back (a rate): [`next`](Scheduler::next) then returns
+/// `None` although streams are queued, and [`poll_timeout`](Scheduler::poll_timeout) says
+/// when to ask again. The connection wakes up then (not before, so a held stream costs no
+/// spinning), and counts the time held like time without data to send, so that the
+/// congestion controller does not read a held sender as a slow path.
 pub trait Scheduler: fmt::Debug + Send {
     /// The stream has something to send.
     fn push(&mut self, id: StreamId);
-    /// The stream to serve now, if any is queued.
-    fn next(&mut self) -> Option<Turn>;
-    /// The stream of the last turn sent `bytes`; `more` says whether it still has something
-    /// to send (if not, it leaves the queue).
-    fn sent(&mut self, id: StreamId, bytes: usize, more: bool);
+    /// The stream to serve at `now`, if any is queued and may send.
+    fn next(&mut self, now: Instant) -> Option<Turn>;
+    /// The stream of the last turn sent `bytes` at `now`; `more` says whether it still has
+    /// something to send (if not, it leaves the queue).
+    fn sent(&mut self, id: StreamId, bytes: usize, more: bool, now: Instant);
     /// The stream no longer has anything to send (reset, closed, out of credit).
     fn remove(&mut self, id: StreamId);
     fn is_empty(&self) -> bool;
+    /// When a queued stream may get a turn, if the scheduler holds them all back now;
+    /// `None` if a queued stream may send whenever the connection can (the default).
+    fn poll_timeout(&self, _now: Instant) -> Option<Instant> {
+        None
+    }
 }
 
 /// Bytes of credit a stream gets per round-robin round: about one packet.
@@ -54,7 +66,7 @@ impl Scheduler for RoundRobin {
         self.queue.push_back((id, 0));
     }
 
-    fn next(&mut self) -> Option<Turn> {
+    fn next(&mut self, _now: Instant) -> Option<Turn> {
         loop {
             let (id, deficit) = self.queue.front_mut()?;
             if *deficit > 0 {
@@ -69,7 +81,7 @@ impl Scheduler for RoundRobin {
         }
     }
 
-    fn sent(&mut self, id: StreamId, bytes: usize, more: bool) {
+    fn sent(&mut self, id: StreamId, bytes: usize, more: bool, _now: Instant) {
         let Some(front) = self.queue.front_mut().filter(|(f, _)| *f == id) else {
             return;
         };
@@ -97,6 +109,10 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    fn now() -> Instant {
+        crate::test_epoch()
+    }
+
     /// Serves `streams` (id, bytes to send) with frames of `frame` bytes until all are done;
     /// returns the order of turns.
     fn serve(scheduler: &mut dyn Scheduler, streams: &[(u64, usize)], frame: usize) -> Vec<u64> {
@@ -105,12 +121,13 @@ mod tests {
             scheduler.push(StreamId(id));
         }
         let mut turns = Vec::new();
-        while let Some(turn) = scheduler.next() {
+        let now = now();
+        while let Some(turn) = scheduler.next(now) {
             let rest = left.get_mut(&turn.id.0).expect("a queued stream");
             let n = frame.min(*rest).min(turn.max_bytes);
             *rest -= n;
             turns.push(turn.id.0);
-            scheduler.sent(turn.id, n, *rest > 0);
+            scheduler.sent(turn.id, n, *rest > 0, now);
         }
         assert!(scheduler.is_empty());
         turns
@@ -134,11 +151,12 @@ mod tests {
         rr.push(StreamId(0));
         rr.push(StreamId(4));
         let mut bytes = [0usize; 2];
+        let now = now();
         for _ in 0..300 {
-            let turn = rr.next().unwrap();
+            let turn = rr.next(now).unwrap();
             let (slot, n) = if turn.id.0 == 0 { (0, 2400) } else { (1, 1200) };
             bytes[slot] += n;
-            rr.sent(turn.id, n, true);
+            rr.sent(turn.id, n, true, now);
         }
         let (a, b) = (bytes[0] as i64, bytes[1] as i64);
         assert!((a - b).abs() <= 2400, "{a} against {b}");
@@ -156,15 +174,16 @@ mod tests {
         for id in [0, 4, 8] {
             rr.push(StreamId(id));
         }
+        let now = now();
         rr.remove(StreamId(4));
         rr.remove(StreamId(0));
-        assert_eq!(rr.next().map(|t| t.id), Some(StreamId(8)));
+        assert_eq!(rr.next(now).map(|t| t.id), Some(StreamId(8)));
         rr.remove(StreamId(8));
-        assert!(rr.is_empty() && rr.next().is_none());
+        assert!(rr.is_empty() && rr.next(now).is_none());
         rr.push(StreamId(4));
-        assert_eq!(rr.next().map(|t| t.id), Some(StreamId(4)));
+        assert_eq!(rr.next(now).map(|t| t.id), Some(StreamId(4)));
         // A report for a stream that is not being served changes nothing.
-        rr.sent(StreamId(0), 5000, false);
-        assert_eq!(rr.next().map(|t| t.id), Some(StreamId(4)));
+        rr.sent(StreamId(0), 5000, false, now);
+        assert_eq!(rr.next(now).map(|t| t.id), Some(StreamId(4)));
     }
 }

@@ -4,7 +4,7 @@
 use crate::testing::{LinkConfig, Pair, Transfers};
 use crate::{FecMode, StreamMeta, TransportConfig};
 use proptest::prelude::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MS: Duration = Duration::from_millis(1);
 const RTT: Duration = Duration::from_millis(100);
@@ -320,14 +320,14 @@ impl crate::Scheduler for NewestFirst {
     fn push(&mut self, id: crate::StreamId) {
         self.0.insert(id);
     }
-    fn next(&mut self) -> Option<crate::Turn> {
+    fn next(&mut self, _now: Instant) -> Option<crate::Turn> {
         let id = *self.0.last()?;
         Some(crate::Turn {
             id,
             max_bytes: 1000,
         })
     }
-    fn sent(&mut self, id: crate::StreamId, bytes: usize, more: bool) {
+    fn sent(&mut self, id: crate::StreamId, bytes: usize, more: bool, _now: Instant) {
         assert!(bytes <= 1000, "a turn of {bytes} bytes");
         if !more {
             self.0.remove(&id);
@@ -361,6 +361,72 @@ fn a_custom_scheduler_decides_which_stream_sends() {
         "the oldest stream waited"
     );
     transfers.run(&mut pair, Duration::from_secs(60));
+    transfers.verify();
+}
+
+/// A scheduler that holds its streams to 100 kB/s (1,000-byte turns, 10 ms apart), as the
+/// shaper does below the path's rate.
+#[derive(Debug, Default)]
+struct Metered {
+    queue: std::collections::VecDeque<crate::StreamId>,
+    next: Option<Instant>,
+}
+
+impl crate::Scheduler for Metered {
+    fn push(&mut self, id: crate::StreamId) {
+        self.queue.push_back(id);
+    }
+    fn next(&mut self, now: Instant) -> Option<crate::Turn> {
+        if self.next.is_some_and(|t| t > now) {
+            return None;
+        }
+        let id = *self.queue.front()?;
+        Some(crate::Turn {
+            id,
+            max_bytes: 1000,
+        })
+    }
+    fn sent(&mut self, id: crate::StreamId, bytes: usize, more: bool, now: Instant) {
+        let from = self.next.map_or(now, |t| t.max(now));
+        self.next = Some(from + MS * 10 * bytes as u32 / 1000);
+        if !more {
+            self.queue.retain(|&q| q != id);
+        }
+    }
+    fn remove(&mut self, id: crate::StreamId) {
+        self.queue.retain(|&q| q != id);
+    }
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+    fn poll_timeout(&self, _now: Instant) -> Option<Instant> {
+        self.next.filter(|_| !self.is_empty())
+    }
+}
+
+/// A scheduler that holds its streams to a rate far below the path's: the data arrives at
+/// that rate, the connection wakes up when the scheduler says (it neither spins while held
+/// nor sleeps past the time), and the path's estimate is not dragged down to the held rate.
+#[test]
+fn a_scheduler_that_holds_streams_sets_the_pace() {
+    let mut pair = pair(LinkConfig::new(RTT, 100), 12);
+    pair.client().set_scheduler(Box::new(Metered::default()));
+    let mut transfers = Transfers::new(0);
+    let id = transfers.start(&mut pair, 500_000);
+    let start = pair.now;
+    let mut steps = 0u64;
+    while transfers.by_id[&id].received < 500_000 {
+        assert!(pair.step(), "the connection stopped waking up");
+        transfers.pump(&mut pair);
+        steps += 1;
+        assert!(steps < 100_000, "spinning: {steps} steps");
+    }
+    // 500 turns of 1,000 bytes, 10 ms apart, plus a one-way delay.
+    let took = pair.now - start;
+    assert!(
+        took >= Duration::from_millis(4950) && took <= Duration::from_millis(5200),
+        "{took:?}"
+    );
     transfers.verify();
 }
 
