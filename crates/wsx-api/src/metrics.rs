@@ -116,7 +116,7 @@ impl Collector for GatewayCollector {
         let gateway = self.0.gateway();
         let totals = gateway.totals();
         let peers = gateway.peers();
-        let routes = [Route::Tunnel, Route::Inbound, Route::Bypass];
+        let routes = Route::ALL;
 
         family(
             &mut e,
@@ -188,11 +188,12 @@ impl Collector for GatewayCollector {
             &mut e,
             "wsx_sessions_refused",
             "Connections not relayed as asked: over the session limit, peer down with \
-             on_failure = reject, or the server unreachable",
+             on_failure = reject, the server unreachable, or a discard scenario",
             [
                 ("limit", totals.refused_limit),
                 ("peer_down", totals.refused_peer_down),
                 ("connect_failed", totals.connect_failed),
+                ("discarded", totals.discarded),
             ]
             .map(|(reason, n)| counter(vec![("reason", reason.to_owned())], n)),
         )?;
@@ -409,6 +410,88 @@ impl Collector for GatewayCollector {
                 ]
             }),
         )?;
+        if let Some(shaper) = gateway.shaper() {
+            shaper_families(&mut e, &shaper)?;
+        }
         Ok(())
     }
+}
+
+/// The bandwidth controller, per scenario (label `scenario`) and per filter (label `filter`,
+/// its position in the configuration).
+fn shaper_families(
+    e: &mut DescriptorEncoder<'_>,
+    shaper: &wsx_proxy::ShaperStatus,
+) -> Result<(), std::fmt::Error> {
+    let scenario = |s: &wsx_proxy::ScenarioStatus| vec![("scenario", s.name.clone())];
+    let all = &shaper.scenarios;
+    family(
+        e,
+        "wsx_shaper_wan_rate_bps",
+        "The WAN rate the scenarios divide, bits per second",
+        [gauge(vec![], shaper.wan_rate.bits_per_second() as f64)],
+    )?;
+    family(
+        e,
+        "wsx_scenario_bytes",
+        "Bytes a scenario's flows sent (an interior scenario: its subtree's)",
+        all.iter().map(|s| counter(scenario(s), s.bytes)),
+    )?;
+    family(
+        e,
+        "wsx_scenario_rate_bps",
+        "A scenario's rate since the previous reading at least a second old, bits per second",
+        all.iter().map(|s| gauge(scenario(s), s.rate)),
+    )?;
+    family(
+        e,
+        "wsx_scenario_flows",
+        "Flows in a scenario, and those with something to send",
+        all.iter().flat_map(|s| {
+            [
+                gauge(with(scenario(s), "state", "open"), s.flows as f64),
+                gauge(
+                    with(scenario(s), "state", "backlogged"),
+                    s.backlogged as f64,
+                ),
+            ]
+        }),
+    )?;
+    family(
+        e,
+        "wsx_scenario_held_at_max_seconds",
+        "Seconds a scenario's maximum held it back",
+        all.iter()
+            .filter(|s| s.max_rate.is_some())
+            .map(|s| (scenario(s), ConstCounter::new(s.held_at_max.as_secs_f64()))),
+    )?;
+    family(
+        e,
+        "wsx_scenario_min_met",
+        "1 if a busy scenario with a minimum gets it (within 1 %), 0 if not",
+        all.iter()
+            .filter_map(|s| Some(gauge(scenario(s), f64::from(u8::from(s.min_met?))))),
+    )?;
+    family(
+        e,
+        "wsx_scenario_discarded",
+        "Sessions a discard scenario refused",
+        all.iter()
+            .filter(|s| s.mode == wsx_proxy::wsx_shaper::Mode::Discard)
+            .map(|s| counter(scenario(s), s.discarded)),
+    )?;
+    family(
+        e,
+        "wsx_filter_matches",
+        "Sessions each filter matched (label: its position), and those none matched",
+        shaper
+            .filters
+            .iter()
+            .enumerate()
+            .map(|(i, f)| counter(vec![("filter", i.to_string())], f.sessions))
+            .chain([counter(
+                vec![("filter", "none".to_owned())],
+                shaper.unmatched,
+            )]),
+    )
 }

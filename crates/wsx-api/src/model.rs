@@ -42,6 +42,7 @@ pub struct SessionCounts {
     pub tunnel: u64,
     pub inbound: u64,
     pub bypass: u64,
+    pub direct: u64,
 }
 
 /// What the gateway did since it started.
@@ -156,8 +157,10 @@ pub enum SessionRoute {
     Tunnel,
     /// Arrived through the tunnel and re-originated here.
     Inbound,
-    /// Intercepted here and connected directly.
+    /// Intercepted here and connected directly (the peer down or bypass forced).
     Bypass,
+    /// Relayed directly by its scenario's mode (aggregate, fixed) and shaped here.
+    Direct,
 }
 
 /// Where a session is in its life.
@@ -343,8 +346,9 @@ impl SessionRoute {
         match route {
             Route::Tunnel => Self::Tunnel,
             Route::Inbound => Self::Inbound,
-            // Route is non-exhaustive: a route added later shows as the direct one until
-            // the API learns it.
+            Route::Direct => Self::Direct,
+            // Route is non-exhaustive: a route added later shows as a bypass until the API
+            // learns it.
             _ => Self::Bypass,
         }
     }
@@ -385,6 +389,7 @@ impl SessionCounts {
             SessionRoute::Tunnel => self.tunnel += n,
             SessionRoute::Inbound => self.inbound += n,
             SessionRoute::Bypass => self.bypass += n,
+            SessionRoute::Direct => self.direct += n,
         }
     }
 }
@@ -416,5 +421,104 @@ fn ratio(part: u64, whole: u64) -> f64 {
         0.0
     } else {
         part as f64 / whole as f64
+    }
+}
+
+/// `GET /api/v1/shaper`: the bandwidth controller, its scenarios and filters, with live
+/// rates.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Shaper {
+    /// What the scenarios divide, bits per second.
+    pub wan_rate_bps: u64,
+    /// Bytes sent by every shaped flow since the gateway started.
+    pub bytes: u64,
+    /// Bits per second since the previous reading at least a second old.
+    pub rate_bps: f64,
+    pub flows: u64,
+    pub scenarios: Vec<Scenario>,
+    /// The filters, in the configuration's order (the first that matches a session wins).
+    pub filters: Vec<Filter>,
+    /// Sessions no filter matched (they went to the `default` scenario).
+    pub unmatched: u64,
+}
+
+/// A filter and the sessions it matched.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Filter {
+    pub scenario: String,
+    /// What it matches, as `field=value,...` pairs (`any`: everything).
+    pub matches: String,
+    pub sessions: u64,
+}
+
+/// One scenario: its settings and counters.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Scenario {
+    pub name: String,
+    pub parent: Option<String>,
+    /// `accelerate`, `aggregate`, `fixed` or `discard`.
+    pub mode: String,
+    pub min_rate_bps: Option<u64>,
+    pub max_rate_bps: Option<u64>,
+    pub flow_rate_bps: Option<u64>,
+    pub priority: u8,
+    pub dscp: Option<u8>,
+    /// Bytes its flows sent (an interior scenario: its subtree's).
+    pub bytes: u64,
+    pub flows: u64,
+    /// Flows with something to send now.
+    pub backlogged: u64,
+    /// Bits per second, as the shaper's `rate_bps`.
+    pub rate_bps: f64,
+    /// Seconds its maximum held it back.
+    pub held_at_max_seconds: f64,
+    /// Whether it gets its minimum (within 1 %); absent without a minimum or while idle.
+    pub min_met: Option<bool>,
+    /// Sessions it refused (discard scenarios).
+    pub discarded: u64,
+}
+
+impl Shaper {
+    pub(crate) fn new(s: &wsx_proxy::ShaperStatus) -> Self {
+        Self {
+            wan_rate_bps: s.wan_rate.bits_per_second(),
+            bytes: s.bytes,
+            rate_bps: s.rate,
+            flows: s.flows,
+            scenarios: s.scenarios.iter().map(Scenario::new).collect(),
+            filters: s
+                .filters
+                .iter()
+                .map(|f| Filter {
+                    scenario: f.scenario.clone(),
+                    matches: f.matches.clone(),
+                    sessions: f.sessions,
+                })
+                .collect(),
+            unmatched: s.unmatched,
+        }
+    }
+}
+
+impl Scenario {
+    fn new(s: &wsx_proxy::ScenarioStatus) -> Self {
+        let bps = |r: Option<wsx_proxy::wsx_shaper::Rate>| r.map(|r| r.bits_per_second());
+        Self {
+            name: s.name.clone(),
+            parent: s.parent.clone(),
+            mode: s.mode.as_str().to_owned(),
+            min_rate_bps: bps(s.min_rate),
+            max_rate_bps: bps(s.max_rate),
+            flow_rate_bps: bps(s.flow_rate),
+            priority: s.priority,
+            dscp: s.dscp,
+            bytes: s.bytes,
+            flows: s.flows,
+            backlogged: s.backlogged,
+            rate_bps: s.rate,
+            held_at_max_seconds: s.held_at_max.as_secs_f64(),
+            min_met: s.min_met,
+            discarded: s.discarded,
+        }
     }
 }

@@ -76,6 +76,7 @@ impl auth::HasTokens for AppState {
         (name = "status", description = "The gateway at a glance"),
         (name = "peers", description = "Peer gateways and their tunnels"),
         (name = "sessions", description = "Relayed TCP connections"),
+        (name = "shaper", description = "The bandwidth controller: scenarios and filters"),
         (name = "config", description = "The configuration file"),
         (name = "logging", description = "The log filter"),
         (name = "metrics", description = "Prometheus metrics"),
@@ -160,6 +161,7 @@ fn protected() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(peer))
         .routes(routes!(set_bypass))
         .routes(routes!(sessions))
+        .routes(routes!(shaper))
         .routes(routes!(session, kill_session))
         .routes(routes!(config, apply_config))
         .routes(routes!(check_config))
@@ -339,6 +341,26 @@ fn find_peer(state: &AppState, name: &str) -> Result<Peer, ApiError> {
         .find(|p| p.name == name)
         .map(Peer::new)
         .ok_or_else(|| ApiError::not_found(format!("no peer named {name:?}")))
+}
+
+// ---- Shaper -------------------------------------------------------------------------------
+
+/// The bandwidth controller: every scenario with its settings, counters and current rate,
+/// and how many sessions each filter matched. Rates cover the time since the previous
+/// reading at least a second old (poll every second for live rates).
+#[utoipa::path(get, path = "/api/v1/shaper", tag = "shaper", security(("token" = [])),
+    responses((status = 200, description = "The controller's state", body = Shaper),
+              (status = 404, description = "The gateway does not shape (no [shaper] table)", body = ErrorBody)))]
+async fn shaper(State(state): State<Arc<AppState>>) -> Result<Json<Shaper>, ApiError> {
+    let status = state.control.gateway().shaper();
+    status
+        .as_ref()
+        .map(|s| Json(Shaper::new(s)))
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "the gateway does not shape: its configuration has no [shaper] table",
+            )
+        })
 }
 
 // ---- Sessions -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
 use crate::peers::{PeerConfig, PrefixTable};
 use crate::rules::{RulesConfig, RulesError};
+use crate::shaping::{ShapingConfig, ShapingError};
 use crate::socks::SocksUser;
 use std::io;
 use std::net::SocketAddr;
@@ -33,6 +34,8 @@ pub struct GatewayConfig {
     /// SOCKS5 listeners: like forwarding listeners, but each client names its destination.
     pub socks: Vec<SocksConfig>,
     pub sessions: SessionConfig,
+    /// The bandwidth controller; `None` shapes nothing (streams share the tunnel equally).
+    pub shaping: Option<ShapingConfig>,
 }
 
 /// A SOCKS5 listener (CONNECT; RFC 1929 authentication when `users` is not empty). Every
@@ -100,6 +103,7 @@ impl GatewayConfig {
             forwards: Vec::new(),
             socks: Vec::new(),
             sessions: SessionConfig::default(),
+            shaping: None,
         }
     }
 
@@ -174,6 +178,9 @@ impl GatewayConfig {
         }
         if new.forwards != self.forwards || new.socks != self.socks {
             return Some("the forwarding and SOCKS listeners");
+        }
+        if new.shaping.is_some() != self.shaping.is_some() {
+            return Some("turning the shaper on or off");
         }
         let none = PrefixTable::default();
         if new.intercept.as_ref().map(|i| i.port) != self.intercept.as_ref().map(|i| i.port)
@@ -282,6 +289,9 @@ pub enum GatewayError {
     /// The peers, or the listeners' references to them, do not hold together.
     #[error("peer configuration: {0}")]
     Peers(#[from] PeerConfigError),
+    /// The scenarios or filters cannot be used.
+    #[error("shaper configuration: {0}")]
+    Shaping(#[from] ShapingError),
 }
 
 /// A mistake in the peers or in how the listeners refer to them. Each variant carries the

@@ -26,6 +26,9 @@
 //!   listeners) behind one trait, and the one accept loop they share.
 //! - `routing`: where a new connection goes (tunnel, secondary, bypass, reject), a pure
 //!   function with a test per branch.
+//! - `shaping`: the bandwidth controller ([`wsx_shaper`]) at work: sessions classified into
+//!   scenarios, tunnel streams served by the shaper's turns (a scheduler installed in each
+//!   tunnel), direct relays writing only against its grants (a pump on a timerfd).
 //! - [`Gateway`] (`gateway/`): ties them together; its life (start, reload, shutdown) in
 //!   `gateway/mod.rs`, the peer keeper in `gateway/keeper.rs`, outbound and inbound sessions
 //!   in `gateway/sessions.rs`. See `gateway/mod.rs` for the data flow.
@@ -42,6 +45,7 @@ mod relay;
 mod routing;
 pub mod rules;
 mod session;
+mod shaping;
 mod socks;
 pub mod sys;
 
@@ -55,5 +59,9 @@ pub use gateway::Gateway;
 pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus, TunnelStatus};
 pub use relay::code as reset_code;
 pub use session::{Entry, GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};
+pub use shaping::{
+    DEFAULT_SCENARIO, FilterStatus, ScenarioStatus, ShaperStatus, ShapingConfig, ShapingError,
+};
 pub use socks::SocksUser;
+pub use wsx_shaper;
 pub use wsx_tunnel::Target;

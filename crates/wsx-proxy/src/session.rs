@@ -21,6 +21,14 @@ pub enum Route {
     /// Intercepted here and connected directly to the server, because the peer was down,
     /// bypass was forced, or no tunnel stream was available.
     Bypass,
+    /// Relayed directly to the server because its scenario's mode says so (`aggregate`,
+    /// `fixed`), shaped here.
+    Direct,
+}
+
+impl Route {
+    /// Every route, in the order of their counters.
+    pub const ALL: [Route; 4] = [Route::Tunnel, Route::Inbound, Route::Bypass, Route::Direct];
 }
 
 impl Route {
@@ -29,6 +37,7 @@ impl Route {
             Route::Tunnel => "tunnel",
             Route::Inbound => "inbound",
             Route::Bypass => "bypass",
+            Route::Direct => "direct",
         }
     }
 }
@@ -286,6 +295,8 @@ pub(crate) enum Ending {
     RefusedPeerDown,
     /// The server (or, bypassing, the destination) could not be reached.
     ConnectFailed,
+    /// Refused by a discard scenario.
+    Discarded,
 }
 
 /// Byte counters of the sessions of one peer and route.
@@ -301,9 +312,9 @@ pub(crate) struct Totals {
     started: Instant,
     /// Indexed by `Route as usize`: sessions opened, and those live now (so that counting
     /// them does not copy the table).
-    opened: [AtomicU64; 3],
-    live: [AtomicU64; 3],
-    endings: [AtomicU64; 8],
+    opened: [AtomicU64; Route::ALL.len()],
+    live: [AtomicU64; Route::ALL.len()],
+    endings: [AtomicU64; 9],
     traffic: Mutex<HashMap<TrafficKey, Arc<Traffic>>>,
     /// Sessions opened by entry point (a handful: one per listener, plus interception and
     /// the tunnel), never shrinking.
@@ -373,10 +384,10 @@ impl Totals {
         opened_by_entry.sort();
         GatewayTotals {
             uptime: now.saturating_duration_since(self.started),
-            opened: [Route::Tunnel, Route::Inbound, Route::Bypass]
+            opened: Route::ALL
                 .map(|r| (r, self.opened[r as usize].load(Ordering::Relaxed)))
                 .to_vec(),
-            live: [Route::Tunnel, Route::Inbound, Route::Bypass]
+            live: Route::ALL
                 .map(|r| (r, self.live[r as usize].load(Ordering::Relaxed)))
                 .to_vec(),
             completed: ending(Ending::Completed),
@@ -387,6 +398,7 @@ impl Totals {
             refused_limit: ending(Ending::RefusedLimit),
             refused_peer_down: ending(Ending::RefusedPeerDown),
             connect_failed: ending(Ending::ConnectFailed),
+            discarded: ending(Ending::Discarded),
             traffic,
             opened_by_entry,
         }
@@ -413,6 +425,8 @@ pub struct GatewayTotals {
     pub refused_limit: u64,
     pub refused_peer_down: u64,
     pub connect_failed: u64,
+    /// Refused by a discard scenario of the shaper.
+    pub discarded: u64,
     /// Session bytes by peer and route.
     pub traffic: Vec<TrafficTotals>,
     /// Sessions opened, by entry point (interception, each listener, the tunnel), for the
@@ -512,7 +526,12 @@ mod tests {
         assert_eq!(sessions.len(), 0);
         assert_eq!(
             t.opened,
-            [(Route::Tunnel, 2), (Route::Inbound, 0), (Route::Bypass, 0)]
+            [
+                (Route::Tunnel, 2),
+                (Route::Inbound, 0),
+                (Route::Bypass, 0),
+                (Route::Direct, 0)
+            ]
         );
         assert_eq!((t.completed, t.refused_limit, t.failed), (2, 1, 0));
         assert!(t.live.iter().all(|(_, n)| *n == 0), "{:?}", t.live);

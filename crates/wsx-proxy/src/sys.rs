@@ -112,6 +112,28 @@ pub fn tune(stream: &TcpStream, options: &LanSocketOptions) -> io::Result<()> {
     Ok(())
 }
 
+/// Marks what `stream` sends with `dscp` (the upper six bits of the IPv4 TOS byte or the
+/// IPv6 traffic class; ECN bits left to the kernel). A dual-stack socket's IPv4 traffic
+/// follows `IP_TOS`, so an IPv6 socket sets both.
+pub fn set_dscp(stream: &TcpStream, dscp: u8) -> io::Result<()> {
+    let socket = SockRef::from(stream);
+    let tos = u32::from(dscp & 0x3f) << 2;
+    match stream.local_addr()? {
+        SocketAddr::V4(_) => socket.set_tos(tos),
+        SocketAddr::V6(_) => {
+            set_int(
+                &socket,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_TCLASS,
+                tos as libc::c_int,
+            )?;
+            // Harmless where the socket carries only IPv6; needed for mapped IPv4.
+            let _ = socket.set_tos(tos);
+            Ok(())
+        }
+    }
+}
+
 /// Closes `stream` with a reset (RST) instead of a FIN: the peer must not mistake an
 /// abandoned connection for a complete one.
 pub fn abort(stream: TcpStream) {

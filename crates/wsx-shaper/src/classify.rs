@@ -95,6 +95,50 @@ pub struct FilterSpec {
     pub peers: Vec<String>,
 }
 
+impl std::fmt::Display for FilterSpec {
+    /// The fields given, as `key=a,b` pairs (`any` for a filter that matches everything).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn join<T: std::fmt::Display>(items: &[T]) -> String {
+            items
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+        let fields = [
+            ("source", join(&self.source)),
+            ("source_list", join(&self.source_lists)),
+            ("destination", join(&self.destination)),
+            ("destination_list", join(&self.destination_lists)),
+            ("source_port", join(&self.source_ports)),
+            ("destination_port", join(&self.destination_ports)),
+            ("dscp", join(&self.dscp)),
+            ("interface", join(&self.interfaces)),
+            ("peer", join(&self.peers)),
+        ];
+        let given: Vec<String> = fields
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if given.is_empty() {
+            f.write_str("any")
+        } else {
+            f.write_str(&given.join(" "))
+        }
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
 /// The field of a filter an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FilterField {

@@ -98,6 +98,10 @@ pub struct ScenarioStats {
     pub flows: u64,
     /// Flows with something to send now.
     pub backlogged: u64,
+    /// How long the scenario's maximum has held it back: the time its clock ran ahead of
+    /// the present because of what it sent (all of it, for a scenario sending at its
+    /// maximum; none, for one that never reaches it). Nanoseconds.
+    pub held_at_max_nanos: u64,
 }
 
 /// The shaper of one gateway: a checked [`Tree`], its clocks, and the flows in it.
@@ -206,6 +210,56 @@ impl Shaper {
 
     pub fn tree(&self) -> &Tree {
         &self.tree
+    }
+
+    /// Replaces the tree (a reload), keeping every port and flow under the same ids: each
+    /// open flow moves to the leaf `place` gives for the name of the scenario it was in, and
+    /// one that had something to send still has. Clocks and shares start afresh.
+    pub fn reconfigure(
+        &mut self,
+        tree: Tree,
+        now: Instant,
+        place: impl Fn(&Tree, &str) -> ScenarioId,
+    ) {
+        let old = std::mem::replace(self, Shaper::new(tree, self.epoch));
+        self.ports = old.ports;
+        let mut queued = Vec::new();
+        for (i, flow) in old.flows.into_iter().enumerate() {
+            let leaf = if flow.open {
+                let name = &old.tree.nodes[flow.leaf].spec.name;
+                place(&self.tree, name).0
+            } else {
+                self.free.push(i as u32);
+                ROOT
+            };
+            let spec = &self.tree.nodes[leaf].spec;
+            let clock = (spec.mode == Mode::Fixed)
+                .then_some(spec.flow_rate)
+                .flatten()
+                .map(RateClock::new);
+            if flow.open {
+                let mut at = Some(leaf);
+                while let Some(n) = at {
+                    self.nodes[n].stats.flows += 1;
+                    at = self.nodes[n].parent;
+                }
+                if flow.queued {
+                    queued.push(i);
+                }
+            }
+            self.flows.push(Flow {
+                leaf,
+                deficit: 0,
+                queued: false,
+                in_ring: false,
+                clock,
+                ..flow
+            });
+        }
+        for i in queued {
+            let id = self.id(i);
+            self.push(id, now);
+        }
     }
 
     pub fn add_port(&mut self, kind: PortKind) -> PortId {
@@ -390,7 +444,9 @@ impl Shaper {
             }
             let node = &mut self.nodes[n];
             if let Some(max) = &mut node.max {
+                let from = max.next().max(now);
                 max.charge(bytes_u64, now);
+                node.stats.held_at_max_nanos += max.next().saturating_sub(from);
             }
             node.stats.bytes += bytes_u64;
             self.update_minimum(n, |min| min.charge_floor(bytes_u64, now));
@@ -800,6 +856,39 @@ mod tests {
         s.remove_port(port);
         assert_eq!(s.total().flows, 0);
         assert_eq!(s.next(now, port), None);
+    }
+
+    #[test]
+    fn a_reload_keeps_flows_and_ports_under_their_ids() {
+        let (mut s, now) = shaper(vec![leaf("a"), leaf("b")]);
+        let port = s.add_port(PortKind::Driven);
+        let a = s.tree().leaf("a").unwrap();
+        let b = s.tree().leaf("b").unwrap();
+        let busy = s.open(a, port);
+        let idle = s.open(b, port);
+        let closed = s.open(b, port);
+        s.close(closed);
+        s.push(busy, now);
+        // "a" is renamed: its flows go where `place` says (here, "c").
+        let tree = Tree::build(Rate::mbit(50), vec![leaf("b"), leaf("c")]).unwrap();
+        s.reconfigure(tree, now, |tree, name| {
+            tree.leaf(if name == "a" { "c" } else { name }).unwrap()
+        });
+        assert_eq!(
+            s.stats(0).map(|st| st.flows),
+            Some(1),
+            "b keeps its open flow"
+        );
+        assert_eq!(
+            s.stats(1).map(|st| (st.flows, st.backlogged)),
+            Some((1, 1)),
+            "c took a's busy flow"
+        );
+        assert_eq!(s.next(now, port).map(|g| g.flow), Some(busy));
+        // The closed flow's id stays dead; its slot is reused under a new generation.
+        s.push(closed, now);
+        let reused = s.open(s.tree().leaf("b").unwrap(), port);
+        assert!(reused != closed && reused != idle && reused != busy);
     }
 
     #[test]

@@ -81,6 +81,7 @@ fn minimums_first_then_the_excess_by_priority() {
     ];
     let mut sim = Sim::new(Rate::mbit(100), scenarios, 2 * MS, 7);
     let a = sim.source("a", Demand::Greedy, 0, END);
+    // (A has no maximum: it is never held at one.)
     let b = sim.source("b", Demand::Greedy, 0, 5 * SECOND);
     let c = sim.source("c", Demand::Greedy, 0, END);
     sim.run(10 * SECOND);

@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use wsx_api::model::{
-    ConfigSummary, ConfigView, LogLevel, Peer, SessionPage, SessionPhase, SessionRoute, Status,
+    ConfigSummary, ConfigView, LogLevel, Peer, SessionPage, SessionPhase, SessionRoute, Shaper,
+    Status,
 };
 
 /// Where the API is and how to authenticate.
@@ -87,6 +88,14 @@ pub(crate) enum ApiCommand {
     /// Act on one session.
     #[command(subcommand)]
     Session(SessionCommand),
+    /// The shaper's scenarios with their live rates (measured over one second).
+    Scenarios {
+        /// Print again every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// The shaper's filters, in order, with the sessions each matched.
+    Filters,
     /// Force new sessions toward a peer to go direct (on) or through the tunnel (off).
     Bypass { state: OnOff, peer: String },
     /// The running configuration.
@@ -130,6 +139,23 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
             let path = format!("/api/v1/sessions?{}", query.join("&"));
             let (page, raw) = client.get::<SessionPage>(&path)?;
             print(json, &raw, || sessions_table(&page))
+        }
+        ApiCommand::Scenarios { watch } => {
+            // A reading's rates cover the time since the previous one a second old: read,
+            // wait a second, read again.
+            client.get::<Shaper>("/api/v1/shaper")?;
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let (shaper, raw) = client.get::<Shaper>("/api/v1/shaper")?;
+                print(json, &raw, || scenarios_table(&shaper))?;
+                if !watch {
+                    return Ok(());
+                }
+            }
+        }
+        ApiCommand::Filters => {
+            let (shaper, raw) = client.get::<Shaper>("/api/v1/shaper")?;
+            print(json, &raw, || filters_table(&shaper))
         }
         ApiCommand::Session(SessionCommand::Kill { id }) => {
             client.send("DELETE", &format!("/api/v1/sessions/{id}"), None)?;
@@ -470,6 +496,7 @@ fn sessions_table(page: &SessionPage) {
                     SessionRoute::Tunnel => "tunnel",
                     SessionRoute::Inbound => "inbound",
                     SessionRoute::Bypass => "bypass",
+                    SessionRoute::Direct => "direct",
                 }
                 .into(),
                 match s.state {
@@ -525,6 +552,89 @@ fn human_bytes(n: u64) -> String {
     } else {
         format!("{value:.1} {}", UNITS[unit])
     }
+}
+
+fn scenarios_table(shaper: &Shaper) {
+    let rate = |r: Option<u64>| r.map_or("-".into(), human_rate);
+    let mut rows: Vec<Vec<String>> = shaper
+        .scenarios
+        .iter()
+        .map(|s| {
+            vec![
+                s.name.clone(),
+                s.parent.clone().unwrap_or_else(|| "-".into()),
+                s.mode.clone(),
+                s.priority.to_string(),
+                rate(s.min_rate_bps),
+                rate(s.max_rate_bps),
+                human_rate(s.rate_bps as u64),
+                format!("{}/{}", s.backlogged, s.flows),
+                human_bytes(s.bytes),
+                match s.min_met {
+                    Some(true) => "met",
+                    Some(false) => "NOT MET",
+                    None => "-",
+                }
+                .into(),
+                format!("{:.1}", s.held_at_max_seconds),
+                s.discarded.to_string(),
+            ]
+        })
+        .collect();
+    rows.push(vec![
+        "(wan)".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        human_rate(shaper.wan_rate_bps),
+        human_rate(shaper.rate_bps as u64),
+        format!("-/{}", shaper.flows),
+        human_bytes(shaper.bytes),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+    ]);
+    table(
+        &[
+            "SCENARIO",
+            "PARENT",
+            "MODE",
+            "PRIO",
+            "MIN",
+            "MAX",
+            "RATE",
+            "BUSY/FLOWS",
+            "SENT",
+            "MIN",
+            "AT_MAX_S",
+            "DISCARDED",
+        ],
+        &rows,
+    );
+}
+
+fn filters_table(shaper: &Shaper) {
+    let mut rows: Vec<Vec<String>> = shaper
+        .filters
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            vec![
+                i.to_string(),
+                f.scenario.clone(),
+                f.matches.clone(),
+                f.sessions.to_string(),
+            ]
+        })
+        .collect();
+    rows.push(vec![
+        "-".into(),
+        "default".into(),
+        "(no filter matched)".into(),
+        shaper.unmatched.to_string(),
+    ]);
+    table(&["#", "SCENARIO", "MATCHES", "SESSIONS"], &rows);
 }
 
 fn human_rate(bps: u64) -> String {

@@ -145,6 +145,9 @@ impl Inner {
     /// Takes a tunnel into service: it carries new streams and its incoming streams are
     /// served.
     fn adopt(self: &Arc<Self>, peer: &Arc<Peer>, tunnel: Tunnel, cancel: &CancellationToken) {
+        if let Some(shaping) = &self.shaping {
+            shaping.add_tunnel(&tunnel);
+        }
         peer.add_tunnel(tunnel.clone());
         info!(remote = %tunnel.remote_address(), rtt = ?tunnel.rtt(), "tunnel in service");
         let name = peer.config().name;
@@ -176,6 +179,9 @@ impl Inner {
             }
         }
         peer.remove_tunnel(tunnel);
+        if let Some(shaping) = &self.shaping {
+            shaping.remove_tunnel(tunnel);
+        }
         log_tunnel_totals(tunnel);
     }
 
@@ -224,9 +230,9 @@ impl Inner {
                 () = cancel.cancelled() => return,
             };
             let this = self.clone();
-            let peer = peer.clone();
+            let (peer, tunnel) = (peer.clone(), tunnel.clone());
             self.sessions_tracker
-                .spawn(async move { this.inbound(peer, stream).await });
+                .spawn(async move { this.inbound(peer, tunnel, stream).await });
         }
     }
 

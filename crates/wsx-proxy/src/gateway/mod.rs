@@ -34,6 +34,7 @@ use crate::listener::{self, EntryPoint, Forwarding, Intercepted, Socks};
 use crate::peers::{self, Peer, PeerStatus, PrefixTable};
 use crate::rules::{Rules, RulesError};
 use crate::session::{GatewayTotals, SessionInfo, Sessions};
+use crate::shaping::{ShaperStatus, Shaping};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -68,6 +69,8 @@ struct Inner {
     /// Cancelled when the drain deadline passes: sessions abort.
     kill: CancellationToken,
     sessions_tracker: TaskTracker,
+    /// The bandwidth controller, when the configuration has one.
+    shaping: Option<Arc<Shaping>>,
 }
 
 /// The configured peers, by key, and the prefix table built from them.
@@ -116,6 +119,10 @@ impl Gateway {
             info!(name = %s.name, address = %s.listen, peer = %s.peer, authentication = !s.users.is_empty(), "SOCKS5 listener");
             socks.push((listener, s.clone()));
         }
+        let shaping = match &config.shaping {
+            Some(c) => Some(Shaping::new(c, Instant::now())?),
+            None => None,
+        };
         let inner = Arc::new(Inner {
             local_key: driver.public_key(),
             driver,
@@ -127,7 +134,11 @@ impl Gateway {
             stop: CancellationToken::new(),
             kill: CancellationToken::new(),
             sessions_tracker: TaskTracker::new(),
+            shaping,
         });
+        if let Some(shaping) = &inner.shaping {
+            tokio::spawn(shaping.clone().pump(inner.stop.clone()));
+        }
         inner.apply_peers(&config.peers);
         inner.install_rules(&config).await?;
         for listener in transparent {
@@ -143,14 +154,25 @@ impl Gateway {
         Ok(Self { inner })
     }
 
-    /// Applies a new configuration: peers, prefixes (the rules follow) and session limits.
-    /// Established sessions are kept. The key, the tunnel address, the transport settings
+    /// Applies a new configuration: peers, prefixes (the rules follow), session limits,
+    /// scenarios and filters. Established sessions are kept (their flows move to the
+    /// scenario of the same name, or `default`). The key, the tunnel address, the transport settings
     /// (`max_datagram`, `max_rate`), the listeners and interception on/off need a restart.
     pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
         config.validate_peers()?;
         let old = self.inner.config();
         if let Some(what) = old.needs_restart(&config) {
             return Err(GatewayError::NeedsRestart(what));
+        }
+        if let (Some(shaping), Some(new)) = (&self.inner.shaping, &config.shaping)
+            && old.shaping.as_ref() != Some(new)
+        {
+            shaping.reconfigure(new, Instant::now())?;
+            info!(
+                scenarios = new.scenarios.len(),
+                filters = new.filters.len(),
+                "shaper reconfigured"
+            );
         }
         *self
             .inner
@@ -200,6 +222,12 @@ impl Gateway {
         config.force_bypass = force;
         peer.set_config(config);
         true
+    }
+
+    /// The bandwidth controller's scenarios and counters, if the gateway shapes. Each
+    /// reading's rates cover the time since the previous reading at least a second old.
+    pub fn shaper(&self) -> Option<ShaperStatus> {
+        Some(self.inner.shaping.as_ref()?.status(Instant::now()))
     }
 
     pub fn peers(&self) -> Vec<PeerStatus> {

@@ -17,16 +17,18 @@ use crate::peers::Peer;
 use crate::relay::{self, Outcome, Side, code};
 use crate::routing::{self, Candidate, Decision};
 use crate::session::{Ending, Entry, Route, Session, SessionState};
+use crate::shaping::{Class, FlowGuard, Shaped};
 use crate::sys::{self, LanSocketOptions};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tracing::{Instrument, debug, info, info_span, warn};
+use wsx_shaper::{Mode, SessionKey};
 use wsx_tunnel::driver::{Stream, Tunnel};
-use wsx_tunnel::{StreamMeta, Target};
+use wsx_tunnel::{StreamId, StreamMeta, Target};
 
 impl Inner {
     /// An admitted connection: routed, registered, and relayed through the tunnel or
@@ -55,12 +57,32 @@ impl Inner {
             peer: selector,
             transparent,
         } = admission;
+        let class = self.classify(client, &destination, self.peer_name(&selector).as_deref());
+        if class.is_some_and(|c| c.mode == Mode::Discard) {
+            info!(%client, %destination, "discarded by its scenario");
+            self.sessions.totals.count(Ending::Discarded);
+            let _ = entry_point.answer(&mut tcp, Answer::Rejected).await;
+            sys::abort(tcp);
+            return;
+        }
         let to = (&destination, &selector, transparent);
+        let carrier = match class {
+            // The scenario relays it directly, whatever the peers.
+            Some(c) if matches!(c.mode, Mode::Aggregate | Mode::Fixed) => {
+                let peer = self.peer_name(&selector);
+                Ok(Carrier {
+                    route: Route::Direct,
+                    ..Carrier::direct(peer)
+                })
+            }
+            _ => self.route(client, to, permit.is_some(), class),
+        };
         let Carrier {
             peer,
             route,
             stream,
-        } = match self.route(client, to, permit.is_some()) {
+            flow,
+        } = match carrier {
             Ok(carrier) => carrier,
             Err(peer) => {
                 info!(%client, %destination, %peer, "peer down; connection rejected");
@@ -95,7 +117,8 @@ impl Inner {
                 None => {
                     let from = transparent.then_some(client.0.ip());
                     let to = (from, &destination);
-                    match self.direct(&*entry_point, &session, tcp, to, &config).await {
+                    let direct = self.direct(&*entry_point, &session, tcp, to, &config, class);
+                    match direct.await {
                         Some(outcome) => outcome,
                         None => return,
                     }
@@ -105,7 +128,41 @@ impl Inner {
         }
         .instrument(span)
         .await;
+        drop(flow);
         drop(permit);
+    }
+
+    /// The class of a session from `client` to `destination` through `peer`, if the
+    /// gateway shapes. A destination given by name matches only prefixes that contain the
+    /// unspecified address (`0.0.0.0/0`, `::/0`).
+    fn classify(
+        &self,
+        client: ClientAddr,
+        destination: &Target,
+        peer: Option<&str>,
+    ) -> Option<Class> {
+        let shaping = self.shaping.as_ref()?;
+        let destination = match destination {
+            Target::Addr(addr) => *addr,
+            Target::Name { port, .. } => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), *port),
+        };
+        Some(shaping.classify(&SessionKey {
+            source: client.0,
+            destination,
+            dscp: None,
+            interface: None,
+            peer,
+        }))
+    }
+
+    /// The name of the peer `selector` finds, if any.
+    fn peer_name(&self, selector: &PeerSelector) -> Option<String> {
+        let set = self.peer_set();
+        let peer = match selector {
+            PeerSelector::Prefix(ip) => set.table.lookup(*ip),
+            PeerSelector::Named(name) => set.by_name(name),
+        };
+        peer.map(|p| p.config().name)
     }
 
     /// Where an admitted connection goes (`decide`): a stream of the chosen peer's tunnel,
@@ -115,6 +172,7 @@ impl Inner {
         client: ClientAddr,
         (destination, selector, transparent): (&Target, &PeerSelector, bool),
         slot_free: bool,
+        class: Option<Class>,
     ) -> Result<Carrier, String> {
         match self.decide(selector, slot_free) {
             Decision::Reject { peer } => Err(peer),
@@ -130,6 +188,7 @@ impl Inner {
                 };
                 match tunnel.open(meta) {
                     Ok(stream) => Ok(Carrier {
+                        flow: self.stream_flow(&tunnel, stream.id(), class),
                         peer: Some(peer),
                         route: Route::Tunnel,
                         stream: Some(Chunked::new(stream, codec)),
@@ -171,6 +230,7 @@ impl Inner {
         mut tcp: TcpStream,
         (from, destination): (Option<IpAddr>, &Target),
         config: &GatewayConfig,
+        class: Option<Class>,
     ) -> Option<Outcome> {
         match sys::connect_target(from, destination, config.sessions.connect_timeout).await {
             Ok(server) => {
@@ -178,11 +238,20 @@ impl Inner {
                     keepalive: config.sessions.tcp_keepalive,
                 };
                 let _ = sys::tune(&server, &options);
+                mark(&server, class);
                 let answer = Answer::Connected {
                     direct: Some(&server),
                 };
                 entry_point.answer(&mut tcp, answer).await.ok()?;
-                Some(self.relay(session, tcp, server).await)
+                // What goes to the server goes toward the WAN: it is shaped here.
+                let shaped = class.zip(self.shaping.as_ref());
+                Some(match shaped {
+                    Some((class, shaping)) => {
+                        let server = Shaped::new(server, shaping.open_relay(class));
+                        self.relay(session, tcp, server).await
+                    }
+                    None => self.relay(session, tcp, server).await,
+                })
             }
             Err(e) => {
                 info!(error = %e, "bypass connect failed");
@@ -197,13 +266,28 @@ impl Inner {
     }
 
     /// A stream the peer opened: connect to its destination and relay.
-    pub(super) async fn inbound(self: Arc<Self>, peer: Arc<Peer>, mut stream: Stream) {
+    pub(super) async fn inbound(
+        self: Arc<Self>,
+        peer: Arc<Peer>,
+        tunnel: Tunnel,
+        mut stream: Stream,
+    ) {
         let (codec, peer) = (peer.codec(), peer.config().name);
         let meta = stream.meta().clone();
         let (Some(source), Some(destination)) = (meta.source, meta.destination.clone()) else {
             stream.reset(code::REJECTED);
             return;
         };
+        // What this gateway sends back goes toward the WAN through the tunnel: shaped in
+        // the scenario this gateway's own filters give.
+        let class = self.classify(ClientAddr(source), &destination, Some(&peer));
+        if class.is_some_and(|c| c.mode == Mode::Discard) {
+            info!(client = %source, %destination, "inbound session discarded by its scenario");
+            self.sessions.totals.count(Ending::Discarded);
+            stream.reset(code::REJECTED);
+            return;
+        }
+        let flow = self.stream_flow(&tunnel, stream.id(), class);
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             warn!(%peer, "session limit reached; inbound stream refused");
             self.sessions.totals.count(Ending::RefusedLimit);
@@ -234,6 +318,7 @@ impl Inner {
                     if let Err(e) = sys::tune(&server, &options) {
                         debug!(error = %e, "tuning the server socket");
                     }
+                    mark(&server, class);
                     info!("session opened");
                     let stream = Chunked::new(stream, codec);
                     let outcome = self.relay(&session, stream, server).await;
@@ -249,7 +334,19 @@ impl Inner {
         }
         .instrument(span)
         .await;
+        drop(flow);
         drop(permit);
+    }
+
+    /// The shaper's flow for `stream` of `tunnel`, if the gateway shapes.
+    fn stream_flow(
+        &self,
+        tunnel: &Tunnel,
+        stream: StreamId,
+        class: Option<Class>,
+    ) -> Option<FlowGuard> {
+        let (shaping, class) = self.shaping.as_ref().zip(class)?;
+        shaping.open_stream(tunnel, stream, class)
     }
 
     /// Relays a session's two sides until they end, it idles out, the operator kills it or
@@ -293,6 +390,8 @@ struct Carrier {
     route: Route,
     /// The tunnel stream; `None` on the direct path.
     stream: Option<Chunked<Stream>>,
+    /// The stream's flow in the shaper (the direct path opens its own once connected).
+    flow: Option<FlowGuard>,
 }
 
 impl Carrier {
@@ -302,6 +401,7 @@ impl Carrier {
             peer,
             route: Route::Bypass,
             stream: None,
+            flow: None,
         }
     }
 }
@@ -315,6 +415,15 @@ fn candidate(peer: &Peer, health: Duration) -> Candidate<(Tunnel, Codec)> {
         tunnel: peer.usable_tunnel(health).map(|t| (t, peer.codec())),
         secondary: config.secondary,
         on_failure: config.on_failure,
+    }
+}
+
+/// Marks what the gateway sends on `socket` with its class's DSCP, if it has one.
+fn mark(socket: &TcpStream, class: Option<Class>) {
+    if let Some(dscp) = class.and_then(|c| c.dscp)
+        && let Err(e) = sys::set_dscp(socket, dscp)
+    {
+        debug!(error = %e, dscp, "marking the server socket");
     }
 }
 

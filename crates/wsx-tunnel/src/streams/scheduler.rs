@@ -61,6 +61,13 @@ pub struct RoundRobin {
     queue: VecDeque<(StreamId, i64)>,
 }
 
+impl RoundRobin {
+    /// Whether `id` is queued.
+    pub fn contains(&self, id: StreamId) -> bool {
+        self.queue.iter().any(|&(s, _)| s == id)
+    }
+}
+
 impl Scheduler for RoundRobin {
     fn push(&mut self, id: StreamId) {
         self.queue.push_back((id, 0));

@@ -5,6 +5,8 @@
 //! column, and the field. The private key and the API tokens print as `<secret>` wherever
 //! the configuration is logged or shown (`Debug`, and the JSON the API serves).
 
+mod shaper;
+
 use anyhow::{Context, Result};
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -41,6 +43,14 @@ pub(crate) struct Config {
     pub(crate) log: Log,
     /// The management API; leave the table out to run without it.
     pub(crate) api: Option<Api>,
+    /// The bandwidth controller; leave the table out to shape nothing.
+    pub(crate) shaper: Option<shaper::Shaper>,
+    #[serde(default, rename = "scenario")]
+    pub(crate) scenarios: Vec<shaper::Scenario>,
+    #[serde(default, rename = "address_list")]
+    pub(crate) address_lists: Vec<shaper::AddressList>,
+    #[serde(default, rename = "filter")]
+    pub(crate) filters: Vec<shaper::Filter>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -675,6 +685,7 @@ impl Loaded {
         // The gateway's own check of the peers and the listeners' references to them,
         // reported at the field it is about.
         gateway.validate_peers().map_err(|e| self.peer_error(&e))?;
+        gateway.shaping = self.shaping()?;
         Ok(gateway)
     }
 
