@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 use wsx_shaper::{
     AddressList, Classifier, FilterError, FilterSpec, FlowId, Grant, Mode, PortId, PortKind, Rate,
     ScenarioId, ScenarioSpec, ScenarioStats, SessionKey, Shaper, Tree, TreeError,
@@ -786,10 +786,8 @@ impl Scheduler for TunnelScheduler {
         if !self.fallback.is_empty() {
             return None;
         }
-        let at = self.shaping.lock().shaper.poll_timeout(now, self.port);
-        if at.is_none() {
-            debug!(port = ?self.port, "queued streams the shaper does not hold");
-        }
-        at
+        // `None` also while a stream whose flow just ended waits to move to the fallback
+        // (next `next` moves it): the connection then transmits, which is what it needs.
+        self.shaping.lock().shaper.poll_timeout(now, self.port)
     }
 }

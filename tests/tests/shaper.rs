@@ -1,0 +1,238 @@
+//! The bandwidth controller end to end: sessions classified by their destination port into
+//! an accelerated scenario held to a maximum, a directly relayed one, a discard one, and the
+//! default; the API's counters for each; a reload that changes a rate under a live session.
+//! Real kernel TCP through both gateways and the emulated WAN; every transfer is verified
+//! by hash. Needs root; run with `cargo xtask test`.
+
+// Test code: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use serde_json::Value;
+use std::io::{ErrorKind, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+use wsx_e2e::{Daemon, configs_with, listen, transfer_through, wait_for_tunnel};
+use wsx_lab::traffic::PayloadKind;
+use wsx_lab::{Lab, Node, addr};
+use wsx_tunnel::SecretKey;
+
+const TOKEN: &str = "e2e-shaper-token-0123456789";
+const API: &str = "127.0.0.1:9181";
+
+/// The shaper's part of a configuration: `bulk` (accelerated, at most `bulk_mbit`),
+/// `near` (relayed directly, at most 20 Mbit/s), `blocked` (discarded), by destination
+/// port; everything else in the default scenario.
+fn shaper_section(ports: &Ports, bulk_mbit: u32) -> String {
+    format!(
+        r#"
+[shaper]
+wan_rate = "90 Mbit/s"
+
+[[scenario]]
+name = "bulk"
+max_rate = "{bulk_mbit} Mbit/s"
+priority = 4
+dscp = 10
+
+[[scenario]]
+name = "near"
+mode = "aggregate"
+max_rate = "20 Mbit/s"
+
+[[scenario]]
+name = "blocked"
+mode = "discard"
+
+[[filter]]
+scenario = "bulk"
+destination_port = [{bulk}, {bulk_later}]
+
+[[filter]]
+scenario = "near"
+destination_port = [{near}]
+
+[[filter]]
+scenario = "blocked"
+destination_port = ["{blocked}-{blocked}"]
+"#,
+        bulk = ports.bulk.port(),
+        bulk_later = ports.bulk_later.port(),
+        near = ports.near.port(),
+        blocked = ports.blocked.port(),
+    )
+}
+
+struct Ports {
+    bulk: SocketAddr,
+    /// For the session that lives through a reload.
+    bulk_later: SocketAddr,
+    near: SocketAddr,
+    blocked: SocketAddr,
+}
+
+fn api(lab: &Lab, path: &str) -> Value {
+    let url = format!("http://{API}{path}");
+    lab.run_in(Node::GwA, move || {
+        let mut response = ureq::get(&url)
+            .header("Authorization", format!("Bearer {TOKEN}"))
+            .call()
+            .unwrap();
+        serde_json::from_str::<Value>(&response.body_mut().read_to_string().unwrap()).unwrap()
+    })
+    .unwrap()
+}
+
+fn scenario<'a>(shaper: &'a Value, name: &str) -> &'a Value {
+    shaper["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no scenario {name}: {shaper}"))
+}
+
+fn sink(lab: &Lab) -> (TcpListener, SocketAddr) {
+    listen(lab, Node::Server, addr::server(false))
+}
+
+#[test]
+fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
+    let lab = wsx_e2e::gateway_lab();
+    let dir = wsx_e2e::config_dir(&lab);
+    let (bulk_sink, bulk) = sink(&lab);
+    let (later_sink, bulk_later) = sink(&lab);
+    let (near_sink, near) = sink(&lab);
+    let (blocked_sink, blocked) = sink(&lab);
+    let ports = Ports {
+        bulk,
+        bulk_later,
+        near,
+        blocked,
+    };
+    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
+    let api_section = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
+    let gw_a_config =
+        |bulk_mbit| c.gw_a.clone() + &api_section + &shaper_section(&ports, bulk_mbit);
+    let gw_a = Daemon::start(&lab, Node::GwA, &dir, &gw_a_config(8));
+    // gw-b classifies the inbound sessions by its own filters: what it sends back.
+    let gw_b = Daemon::start(
+        &lab,
+        Node::GwB,
+        &dir,
+        &(c.gw_b.clone() + &shaper_section(&ports, 8)),
+    );
+    gw_a.wait_for("API listening", Duration::from_secs(10));
+    wait_for_tunnel(&gw_a, &gw_b, 1);
+
+    // Accelerated and held to 8 Mbit/s: 3 MB take about 3 s.
+    let random = PayloadKind::Random;
+    assert_eq!(
+        transfer_through(&lab, Node::Client, bulk_sink, bulk, 2, 1_500_000, random),
+        3_000_000
+    );
+    // Relayed directly by gw-a, shaped there.
+    assert_eq!(
+        transfer_through(&lab, Node::Client, near_sink, near, 1, 2_000_000, random),
+        2_000_000
+    );
+    // Discarded: the client is reset, the server never sees it.
+    let refused = lab
+        .run_in(Node::Client, move || {
+            let mut c = TcpStream::connect(blocked).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.read(&mut [0u8; 16]).map_err(|e| e.kind())
+        })
+        .unwrap();
+    assert!(
+        matches!(refused, Ok(0) | Err(ErrorKind::ConnectionReset)),
+        "{refused:?}"
+    );
+    blocked_sink.set_nonblocking(true).unwrap();
+    assert!(
+        blocked_sink.accept().is_err(),
+        "the server saw a discarded session"
+    );
+
+    let shaper = api(&lab, "/api/v1/shaper");
+    let bulk_state = scenario(&shaper, "bulk");
+    // Everything the client sent, and the sink's receipts: at least the payload.
+    assert!(
+        bulk_state["bytes"].as_u64().unwrap() >= 3_000_000,
+        "{bulk_state}"
+    );
+    assert!(
+        bulk_state["held_at_max_seconds"].as_f64().unwrap() > 1.0,
+        "{bulk_state}"
+    );
+    assert_eq!(bulk_state["mode"], "accelerate");
+    let near_state = scenario(&shaper, "near");
+    assert!(
+        near_state["bytes"].as_u64().unwrap() >= 2_000_000,
+        "{near_state}"
+    );
+    assert!(
+        near_state["held_at_max_seconds"].as_f64().unwrap() > 0.2,
+        "{near_state}"
+    );
+    assert_eq!(scenario(&shaper, "blocked")["discarded"], 1);
+    let filters = shaper["filters"].as_array().unwrap();
+    let sessions: Vec<u64> = filters
+        .iter()
+        .map(|f| f["sessions"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sessions, [2, 1, 1], "{shaper}");
+    assert_eq!(
+        filters[1]["matches"],
+        format!("destination_port={}", near.port())
+    );
+    let status = api(&lab, "/api/v1/status");
+    assert_eq!(status["totals"]["sessions_opened"]["direct"], 1, "{status}");
+    assert_eq!(status["totals"]["sessions_opened"]["tunnel"], 2, "{status}");
+    let metrics = lab
+        .run_in(Node::GwA, move || {
+            let mut r = ureq::get(&format!("http://{API}/metrics"))
+                .header("Authorization", format!("Bearer {TOKEN}"))
+                .call()
+                .unwrap();
+            r.body_mut().read_to_string().unwrap()
+        })
+        .unwrap();
+    assert!(
+        metrics.contains("wsx_scenario_discarded_total{scenario=\"blocked\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("wsx_scenario_bytes_total{scenario=\"bulk\"}"),
+        "{metrics}"
+    );
+
+    // A reload while a session runs: bulk goes from 8 to 30 Mbit/s; the session goes on
+    // and completes intact.
+    let live = std::thread::scope(|scope| {
+        let run = scope.spawn(|| {
+            transfer_through(
+                &lab,
+                Node::Client,
+                later_sink,
+                bulk_later,
+                1,
+                6_000_000,
+                random,
+            )
+        });
+        std::thread::sleep(Duration::from_secs(2));
+        std::fs::write(&gw_a.config, gw_a_config(30)).unwrap();
+        gw_a.signal(libc::SIGHUP);
+        gw_a.wait_for("shaper reconfigured", Duration::from_secs(10));
+        run.join().unwrap()
+    });
+    assert_eq!(
+        live, 6_000_000,
+        "the session that spanned the reload is intact"
+    );
+    let shaper = api(&lab, "/api/v1/shaper");
+    let bulk_state = scenario(&shaper, "bulk");
+    assert_eq!(bulk_state["max_rate_bps"], 30_000_000);
+    // The session moved to the new tree: its flow is counted there.
+    assert!(bulk_state["bytes"].as_u64().unwrap() > 0, "{bulk_state}");
+}
