@@ -42,12 +42,16 @@ pub(crate) enum Mode {
     /// The tunnel alone over a clean veth (client → gw-a, no emulator, offloads on): the
     /// tunnel's raw throughput and CPU cost.
     TunnelVeth,
+    /// Plain kernel TCP, CUBIC, shaped by the kernel's HTB on gw-a's WAN interface at
+    /// --shape-mbit (one class, burst of 1 ms at the rate, a pfifo leaf): the reference
+    /// for wsx's shaper.
+    HtbCubic,
 }
 
 impl Mode {
     fn congestion(self) -> Option<&'static str> {
         match self {
-            Mode::DirectCubic => Some("cubic"),
+            Mode::DirectCubic | Mode::HtbCubic => Some("cubic"),
             Mode::DirectBbr => Some("bbr"),
             Mode::Wsx | Mode::WsxForward | Mode::Tunnel | Mode::TunnelVeth => None,
         }
@@ -73,11 +77,13 @@ impl Mode {
                 Node::Client,
                 SocketAddr::new(pick(addr::GWA_LAN_V4, addr::GWA_LAN_V6), TUNNEL_PORT),
             ),
-            Mode::DirectCubic | Mode::DirectBbr | Mode::Wsx | Mode::WsxForward => (
-                Node::Server,
-                Node::Client,
-                SocketAddr::new(addr::server(ipv6), 5201),
-            ),
+            Mode::DirectCubic | Mode::DirectBbr | Mode::HtbCubic | Mode::Wsx | Mode::WsxForward => {
+                (
+                    Node::Server,
+                    Node::Client,
+                    SocketAddr::new(addr::server(ipv6), 5201),
+                )
+            }
         }
     }
 
@@ -109,6 +115,7 @@ impl Mode {
             Mode::WsxForward => "wsx-forward",
             Mode::Tunnel => "tunnel",
             Mode::TunnelVeth => "tunnel-veth",
+            Mode::HtbCubic => "htb-cubic",
         }
     }
 }
@@ -159,6 +166,10 @@ pub(crate) struct BenchArgs {
     /// runs can collect into one.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Shape the sessions to this rate: wsx's shaper on gw-a (wsx modes) or the kernel's
+    /// HTB on gw-a's WAN interface (htb-cubic); the record then has the shaping error.
+    #[arg(long)]
+    shape_mbit: Option<f64>,
 }
 
 /// One benchmark case.
@@ -237,6 +248,9 @@ pub(crate) struct Record {
     /// The gateways' settings and what they report, in the wsx mode.
     #[serde(default)]
     pub(crate) gateways: Option<GatewayFigures>,
+    /// The shaping error, in cases run with --shape-mbit.
+    #[serde(default)]
+    pub(crate) shaping: Option<ShapingFigures>,
 }
 
 /// The wsx mode's gateway figures, from what each gateway's API reports just before it
@@ -399,6 +413,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
         gateways: Settings {
             fec: args.fec,
             compression: !args.no_compression,
+            shape_kbit: args.shape_mbit.map(|m| (m * 1000.0).round() as u64),
         },
     };
     match args.matrix {
@@ -464,7 +479,11 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                                 mode: Mode::Wsx,
                                 wan: wan.clone(),
                                 payload,
-                                gateways: Settings { fec, compression },
+                                gateways: Settings {
+                                    fec,
+                                    compression,
+                                    shape_kbit: None,
+                                },
                                 ..base.clone()
                             });
                         }
@@ -525,6 +544,9 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         )?),
         _ => None,
     };
+    if let (Mode::HtbCubic, Some(kbit)) = (case.mode, case.gateways.shape_kbit) {
+        install_htb(&lab, kbit)?;
+    }
     let sink_json = work.join("sink.json");
     let send_json = work.join("send.json");
     let (sink_keys, sender_keys) = if case.mode.is_tunnel() {
@@ -717,10 +739,94 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             && received.verified()
             && send_status.success()
             && sink_status.success(),
+        shaping: case
+            .gateways
+            .shape_kbit
+            .filter(|_| case.mode.is_wsx() || case.mode == Mode::HtbCubic)
+            .map(|kbit| ShapingFigures::new(case, kbit, &series)),
         series_mbit: series,
         tunnel,
         gateways,
     })
+}
+
+/// HTB on gw-a's WAN interface at `kbit`: one class with a burst of 1 ms at the rate (at
+/// least a full frame), a pfifo leaf. The interface's offloads are off (the lab's), so HTB
+/// sees the frames as they leave.
+fn install_htb(lab: &Lab, kbit: u64) -> Result<()> {
+    let netns = lab.netns(Node::GwA);
+    let burst = (kbit * 1000 / 8 / 1000).max(1600).to_string();
+    let rate = format!("{kbit}kbit");
+    let commands: [&[&str]; 3] = [
+        &[
+            "qdisc", "add", "dev", "wan0", "root", "handle", "1:", "htb", "default", "10",
+        ],
+        &[
+            "class", "add", "dev", "wan0", "parent", "1:", "classid", "1:10", "htb", "rate", &rate,
+            "ceil", &rate, "burst", &burst, "cburst", &burst,
+        ],
+        &[
+            "qdisc", "add", "dev", "wan0", "parent", "1:10", "handle", "10:", "pfifo", "limit",
+            "1000",
+        ],
+    ];
+    for args in commands {
+        wsx_lab::netns::exec(&netns, "tc", args).context("installing HTB on gw-a")?;
+    }
+    Ok(())
+}
+
+/// A shaping case's figures: the configured rate, the goodput it stands for, and how far
+/// each second of the run was from it, measured at the sink.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct ShapingFigures {
+    pub(crate) rate_mbit: f64,
+    /// The goodput the rate stands for, by what each shaper counts: HTB counts Ethernet
+    /// frames (1514 bytes carry 1448 of payload over IPv4 with TCP timestamps, 1428 over
+    /// IPv6); wsx's shaper counts the bytes of the tunnel stream (16,387 carry 16,384 of
+    /// payload: the chunk header of incompressible data).
+    pub(crate) expected_goodput_mbit: f64,
+    /// The signed error of each one-second window from 2 s to the last full second.
+    pub(crate) window_errors: Vec<f64>,
+    pub(crate) max_window_error: f64,
+    /// The error over those windows together.
+    pub(crate) run_error: f64,
+}
+
+impl ShapingFigures {
+    fn new(case: &Case, kbit: u64, series: &[f64]) -> Self {
+        let rate_mbit = kbit as f64 / 1000.0;
+        let payload_share = match (case.mode, case.ipv6) {
+            (Mode::HtbCubic, false) => 1448.0 / 1514.0,
+            (Mode::HtbCubic, true) => 1428.0 / 1514.0,
+            _ => 16384.0 / 16387.0,
+        };
+        let expected = rate_mbit * payload_share;
+        let per_second = (1e9 / BUCKET_NS as f64) as usize;
+        // Whole seconds the sender ran, less the last (it stops inside it).
+        let seconds = (case.seconds as usize).saturating_sub(1);
+        let windows: Vec<f64> = (2..seconds)
+            .filter_map(|s| {
+                let buckets = series.get(s * per_second..(s + 1) * per_second)?;
+                Some(buckets.iter().sum::<f64>() / buckets.len() as f64)
+            })
+            .collect();
+        let error = |mbit: f64| (mbit - expected) / expected;
+        let window_errors: Vec<f64> = windows.iter().map(|&w| error(w)).collect();
+        let max_window_error = window_errors.iter().fold(0.0f64, |m, e| m.max(e.abs()));
+        let run_error = if windows.is_empty() {
+            0.0
+        } else {
+            error(windows.iter().sum::<f64>() / windows.len() as f64)
+        };
+        Self {
+            rate_mbit,
+            expected_goodput_mbit: expected,
+            window_errors,
+            max_window_error,
+            run_error,
+        }
+    }
 }
 
 fn tempdir(lab: &Lab) -> Result<PathBuf> {
@@ -1007,6 +1113,7 @@ mod tests {
             no_compression: false,
             matrix: Some(Matrix::Default),
             json: None,
+            shape_mbit: None,
         };
         let cases = cases(&args);
         assert_eq!(cases.len(), 5 * 4 * 2 * 2);

@@ -83,5 +83,6 @@ fn case_label(mode: Mode) -> &'static str {
         Mode::WsxForward => "wsx (a forwarding listener on gw-a)",
         Mode::Tunnel => "wsx tunnel alone (gw-a to gw-b)",
         Mode::TunnelVeth => "wsx tunnel alone (clean veth)",
+        Mode::HtbCubic => "plain TCP, CUBIC, shaped by the kernel's HTB",
     }
 }

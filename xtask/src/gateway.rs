@@ -38,6 +38,10 @@ impl Fec {
 pub(crate) struct Settings {
     pub(crate) fec: Fec,
     pub(crate) compression: bool,
+    /// gw-a's shaper holds the benchmark's sessions (to the sink's port) to this rate,
+    /// kbit/s, in a scenario of their own under a root at the emulated WAN's rate.
+    #[serde(default)]
+    pub(crate) shape_kbit: Option<u64>,
 }
 
 impl Default for Settings {
@@ -45,6 +49,7 @@ impl Default for Settings {
         Self {
             fec: Fec::Adaptive,
             compression: true,
+            shape_kbit: None,
         }
     }
 }
@@ -175,6 +180,9 @@ impl Pair {
         for (node, own, peer, endpoint, remote) in nodes {
             let config = work.join(format!("{}.toml", node.role()));
             let mut text = config_text(own, peer, endpoint, &remote, settings);
+            if let (Node::GwA, Some(kbit)) = (node, settings.shape_kbit) {
+                text += &shaper_text(kbit);
+            }
             if let (Node::GwA, Some((listen, to))) = (node, forward) {
                 text = text.replace("[intercept]\ninterfaces = [\"lan0\"]\n\n", "")
                     + &format!(
@@ -300,6 +308,15 @@ fn config_text(
         peer.public_key(),
         settings.compression,
         settings.fec.as_str(),
+    )
+}
+
+/// gw-a's shaper: one scenario at `kbit` for the benchmark's sessions (to the sink's port
+/// 5201), under a root that does not limit (the emulated WAN does).
+fn shaper_text(kbit: u64) -> String {
+    format!(
+        "\n[shaper]\nwan_rate = \"10 Gbit/s\"\n\n[[scenario]]\nname = \"bench\"\nmax_rate = \"{kbit} kbit/s\"\n\n\
+         [[filter]]\nscenario = \"bench\"\ndestination_port = [5201]\n"
     )
 }
 

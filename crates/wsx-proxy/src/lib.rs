@@ -60,7 +60,8 @@ pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus
 pub use relay::code as reset_code;
 pub use session::{Entry, GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};
 pub use shaping::{
-    DEFAULT_SCENARIO, FilterStatus, ScenarioStatus, ShaperStatus, ShapingConfig, ShapingError,
+    DEFAULT_BUFFER, DEFAULT_SCENARIO, FilterStatus, MIN_FLOW_BUFFER, ScenarioStatus, ShaperStatus,
+    ShapingConfig, ShapingError,
 };
 pub use socks::SocksUser;
 pub use wsx_shaper;

@@ -44,6 +44,15 @@ use wsx_shaper::{
 use wsx_tunnel::driver::Tunnel;
 use wsx_tunnel::{RoundRobin, Scheduler, StreamId, Turn};
 
+/// A scenario's buffer when its configuration sets none: what its sessions may hold in the
+/// gateway, written by their clients and not yet sent. The client's side refills it within
+/// a LAN round trip, so it only has to outlast that; more is queueing delay.
+pub const DEFAULT_BUFFER: u64 = 256 * 1024;
+
+/// Each flow may hold at least this much, however many share its scenario's buffer: one
+/// relay buffer's worth, so that a flow never waits on its own buffer.
+pub const MIN_FLOW_BUFFER: u64 = 64 * 1024;
+
 /// The scenario unmatched sessions belong to: an implicit leaf under the root at the
 /// lowest priority, unless the configuration defines a scenario of this name.
 pub const DEFAULT_SCENARIO: &str = "default";
@@ -331,6 +340,7 @@ impl Shaping {
         Some(FlowGuard {
             shaping: self.clone(),
             flow,
+            buffer: state.flow_buffer(class.scenario),
         })
     }
 
@@ -342,6 +352,7 @@ impl Shaping {
         FlowGuard {
             shaping: self.clone(),
             flow,
+            buffer: state.flow_buffer(class.scenario),
         }
     }
 
@@ -487,6 +498,22 @@ impl State {
         flow
     }
 
+    /// What a flow opening now in `scenario` may hold: the scenario's buffer shared among
+    /// its flows, at least [`MIN_FLOW_BUFFER`].
+    fn flow_buffer(&self, scenario: ScenarioId) -> u64 {
+        let buffer = self
+            .shaper
+            .tree()
+            .spec(scenario)
+            .buffer
+            .unwrap_or(DEFAULT_BUFFER);
+        let flows = self
+            .shaper
+            .stats(scenario.index())
+            .map_or(1, |s| s.flows.max(1));
+        (buffer / flows).max(MIN_FLOW_BUFFER)
+    }
+
     fn close(&mut self, flow: FlowId) -> Option<Waker> {
         let owner = self.flows.remove(&flow)?;
         self.shaper.close(flow);
@@ -561,6 +588,15 @@ fn rates(readings: &mut VecDeque<(Instant, Vec<u64>)>, now: Instant, bytes: &[u6
 pub(crate) struct FlowGuard {
     shaping: Arc<Shaping>,
     flow: FlowId,
+    /// What the flow may hold in the gateway (its share of its scenario's buffer, when it
+    /// opened).
+    buffer: u64,
+}
+
+impl FlowGuard {
+    pub(crate) fn buffer(&self) -> u64 {
+        self.buffer
+    }
 }
 
 impl Drop for FlowGuard {

@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use tracing::{Instrument, debug, info, info_span, warn};
 use wsx_shaper::{Mode, SessionKey};
 use wsx_tunnel::driver::{Stream, Tunnel};
-use wsx_tunnel::{StreamId, StreamMeta, Target};
+use wsx_tunnel::{StreamMeta, Target};
 
 impl Inner {
     /// An admitted connection: routed, registered, and relayed through the tunnel or
@@ -188,7 +188,7 @@ impl Inner {
                 };
                 match tunnel.open(meta) {
                     Ok(stream) => Ok(Carrier {
-                        flow: self.stream_flow(&tunnel, stream.id(), class),
+                        flow: self.stream_flow(&tunnel, &stream, class),
                         peer: Some(peer),
                         route: Route::Tunnel,
                         stream: Some(Chunked::new(stream, codec)),
@@ -247,8 +247,11 @@ impl Inner {
                 let shaped = class.zip(self.shaping.as_ref());
                 Some(match shaped {
                     Some((class, shaping)) => {
-                        let server = Shaped::new(server, shaping.open_relay(class));
-                        self.relay(session, tcp, server).await
+                        let flow = shaping.open_relay(class);
+                        let buffer = usize::try_from(flow.buffer()).unwrap_or(usize::MAX);
+                        let buffer = buffer.min(config.sessions.relay_buffer);
+                        let server = Shaped::new(server, flow);
+                        self.relay_with(session, tcp, server, buffer).await
                     }
                     None => self.relay(session, tcp, server).await,
                 })
@@ -287,7 +290,7 @@ impl Inner {
             stream.reset(code::REJECTED);
             return;
         }
-        let flow = self.stream_flow(&tunnel, stream.id(), class);
+        let flow = self.stream_flow(&tunnel, &stream, class);
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             warn!(%peer, "session limit reached; inbound stream refused");
             self.sessions.totals.count(Ending::RefusedLimit);
@@ -338,26 +341,41 @@ impl Inner {
         drop(permit);
     }
 
-    /// The shaper's flow for `stream` of `tunnel`, if the gateway shapes.
+    /// The shaper's flow for `stream` of `tunnel`, if the gateway shapes; the stream then
+    /// queues no more than the flow's share of its scenario's buffer.
     fn stream_flow(
         &self,
         tunnel: &Tunnel,
-        stream: StreamId,
+        stream: &Stream,
         class: Option<Class>,
     ) -> Option<FlowGuard> {
         let (shaping, class) = self.shaping.as_ref().zip(class)?;
-        shaping.open_stream(tunnel, stream, class)
+        let flow = shaping.open_stream(tunnel, stream.id(), class)?;
+        stream.set_unsent_limit(flow.buffer());
+        Some(flow)
     }
 
     /// Relays a session's two sides until they end, it idles out, the operator kills it or
     /// the drain deadline passes.
     async fn relay(&self, session: &Session, client: impl Side, server: impl Side) -> Outcome {
+        let buffer = self.config().sessions.relay_buffer;
+        self.relay_with(session, client, server, buffer).await
+    }
+
+    /// [`Self::relay`] with buffers of `buffer` bytes each way.
+    async fn relay_with(
+        &self,
+        session: &Session,
+        client: impl Side,
+        server: impl Side,
+        buffer: usize,
+    ) -> Outcome {
         let config = self.config();
         relay::relay(
             client,
             server,
             session,
-            config.sessions.relay_buffer,
+            buffer,
             config.sessions.idle_timeout,
             async {
                 session.kill.cancelled().await;

@@ -263,6 +263,14 @@ impl Connection {
 
     /// Hands the order in which streams send to `scheduler` (the default shares the bytes
     /// equally among streams).
+    /// Lets stream `id` hold at most `limit` bytes written and not yet sent (sent bytes
+    /// awaiting acknowledgment do not count): writes block beyond it, and the stream is
+    /// writable again as soon as it sends. A shaper uses it to bound what a held-back flow
+    /// queues in the gateway.
+    pub fn set_unsent_limit(&mut self, id: StreamId, limit: u64) {
+        self.streams.set_unsent_limit(id, limit);
+    }
+
     pub fn set_scheduler(&mut self, scheduler: Box<dyn Scheduler>) {
         self.streams.set_scheduler(scheduler);
     }

@@ -55,6 +55,12 @@ impl Stream {
         &self.meta
     }
 
+    /// Holds at most `limit` bytes written and not yet sent; see
+    /// [`Connection::set_unsent_limit`](crate::Connection::set_unsent_limit).
+    pub fn set_unsent_limit(&self, limit: u64) {
+        self.link.lock().connection.set_unsent_limit(self.id, limit);
+    }
+
     /// Abandons both directions; the peer sees `code`.
     pub fn reset(&mut self, code: u64) {
         let mut state = self.link.lock();

@@ -132,6 +132,9 @@ struct Stream {
     queued: bool,
     readable_notified: bool,
     write_blocked: bool,
+    /// The most bytes written and not yet sent once (unacknowledged sent bytes do not
+    /// count): a queue bound set by the application, e.g. a shaper's buffer.
+    unsent_limit: u64,
     /// The application was told the end (`read` returned `Ok(None)`). Until then the stream
     /// is kept, so that the end is reported rather than an unknown stream.
     end_read: bool,
@@ -152,6 +155,7 @@ impl Stream {
             queued: false,
             readable_notified: false,
             write_blocked: false,
+            unsent_limit: u64::MAX,
             end_read: false,
         }
     }
@@ -356,7 +360,9 @@ impl Streams {
             .limits
             .connection_send_buffer
             .saturating_sub(self.buffered);
-        let room = stream_room.min(conn_room) as usize;
+        let unsent = stream.send.written() - stream.send.sent_offset();
+        let queue_room = stream.unsent_limit.saturating_sub(unsent);
+        let room = stream_room.min(conn_room).min(queue_room) as usize;
         let n = stream.send.write(data, room);
         if n == 0 && !data.is_empty() {
             if !stream.write_blocked {
@@ -368,6 +374,13 @@ impl Streams {
         self.buffered += n as u64;
         self.enqueue(id);
         Ok(n)
+    }
+
+    /// Lets stream `id` hold at most `limit` bytes written and not yet sent.
+    pub(crate) fn set_unsent_limit(&mut self, id: StreamId, limit: u64) {
+        if let Some(stream) = self.map.get_mut(&id) {
+            stream.unsent_limit = limit;
+        }
     }
 
     pub(crate) fn finish(&mut self, id: StreamId) -> Result<(), StreamError> {
@@ -629,6 +642,12 @@ impl Streams {
             }
             let more = stream.wants_to_send(self.send_max_data - self.sent_data);
             stream.queued = more;
+            if bytes > 0 && stream.write_blocked && stream.unsent_limit != u64::MAX {
+                // Its queue bound freed room by sending, not by an acknowledgment.
+                stream.write_blocked = false;
+                self.write_blocked.retain(|&w| w != id);
+                self.events.push_back(StreamEvent::Writable(id));
+            }
             self.scheduler.sent(id, bytes, more, now);
         }
         total

@@ -430,6 +430,39 @@ fn a_scheduler_that_holds_streams_sets_the_pace() {
     transfers.verify();
 }
 
+/// A stream bounded to 4,000 unsent bytes (a shaper's queue bound) refuses writes beyond
+/// them, and is writable again as soon as it sends, well before any acknowledgment could
+/// come back.
+#[test]
+fn a_queue_bound_on_unsent_bytes_frees_room_by_sending() {
+    let mut pair = pair(LinkConfig::new(RTT, 20), 13);
+    pair.connect();
+    let id = pair.client().open_stream(StreamMeta::default()).unwrap();
+    pair.client().set_unsent_limit(id, 4_000);
+    let data = vec![7u8; 10_000];
+    let accepted = pair.client().write(id, &data).unwrap();
+    assert_eq!(accepted, 4_000);
+    assert!(pair.client().write(id, &data).is_err(), "the bound holds");
+    let blocked_at = pair.now;
+    let writable = loop {
+        assert!(pair.step());
+        let events = std::mem::take(&mut pair.sides[0].events);
+        if events
+            .iter()
+            .any(|(_, e)| *e == crate::Event::StreamWritable(id))
+        {
+            break pair.now;
+        }
+        assert!(pair.now - blocked_at < RTT * 2, "never writable again");
+    };
+    assert!(
+        writable - blocked_at < RTT / 2,
+        "waited {:?}",
+        writable - blocked_at
+    );
+    assert!(pair.client().write(id, &data).unwrap() > 0);
+}
+
 /// A thousand streams, opened at once over a lossy path, all complete intact; afterwards no
 /// stream state is left and the buffers were bounded by the windows.
 #[test]
