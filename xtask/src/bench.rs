@@ -586,6 +586,14 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         let _ = sink.kill();
         bail!("the sink did not start: {ready:?}");
     }
+    let shaping = case
+        .gateways
+        .shape_kbit
+        .filter(|_| case.mode.is_wsx() || case.mode == Mode::HtbCubic);
+    if shaping.is_some() {
+        lab.emulator()
+            .mark_timeline(wsx_lab::emulator::Direction::AToB)?;
+    }
     let mut sender = lab.command(sender_node, binary);
     sender.args([
         "send",
@@ -612,6 +620,12 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         .status()?;
     let sink_status = sink.wait()?;
     let after = lab.emulator().stats()?;
+    let wire = match shaping {
+        Some(_) => lab
+            .emulator()
+            .timeline(wsx_lab::emulator::Direction::AToB)?,
+        None => Vec::new(),
+    };
     let gateway_usage = gateways.map(|g| g.stop(&lab)).transpose()?;
     drop(lab);
 
@@ -739,11 +753,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             && received.verified()
             && send_status.success()
             && sink_status.success(),
-        shaping: case
-            .gateways
-            .shape_kbit
-            .filter(|_| case.mode.is_wsx() || case.mode == Mode::HtbCubic)
-            .map(|kbit| ShapingFigures::new(case, kbit, &series)),
+        shaping: shaping.map(|kbit| ShapingFigures::new(case, kbit, &series, &wire)),
         series_mbit: series,
         tunnel,
         gateways,
@@ -776,8 +786,10 @@ fn install_htb(lab: &Lab, kbit: u64) -> Result<()> {
     Ok(())
 }
 
-/// A shaping case's figures: the configured rate, the goodput it stands for, and how far
-/// each second of the run was from it, measured at the sink.
+/// A shaping case's figures. Accuracy is measured at the sink (goodput over the run against
+/// the goodput the rate stands for); precision at the wire, where the emulator records the
+/// IP bytes gw-a sends per millisecond (each second's rate against the run's, and the
+/// fullest millisecond against the rate's millisecond).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct ShapingFigures {
     pub(crate) rate_mbit: f64,
@@ -786,15 +798,27 @@ pub(crate) struct ShapingFigures {
     /// IPv6); wsx's shaper counts the bytes of the tunnel stream (16,387 carry 16,384 of
     /// payload: the chunk header of incompressible data).
     pub(crate) expected_goodput_mbit: f64,
-    /// The signed error of each one-second window from 2 s to the last full second.
-    pub(crate) window_errors: Vec<f64>,
-    pub(crate) max_window_error: f64,
-    /// The error over those windows together.
+    /// Goodput at the sink over the whole seconds from 2 s to the last full one, against
+    /// the expected goodput (signed).
     pub(crate) run_error: f64,
+    /// The same per one-second window (it includes the sink's head-of-line waits after a
+    /// loss, which the wire does not show).
+    pub(crate) sink_window_errors: Vec<f64>,
+    /// The rate at the wire (IP bytes) over those seconds, Mbit/s.
+    pub(crate) wire_mbit: f64,
+    /// Each second's rate at the wire against `wire_mbit` (signed).
+    pub(crate) wire_window_errors: Vec<f64>,
+    pub(crate) max_wire_window_error: f64,
+    /// The fullest millisecond at the wire over those seconds, bytes, and the bound it is
+    /// held to: the wire rate's millisecond and two full frames (2 × 1514 bytes).
+    pub(crate) max_ms_bytes: u64,
+    pub(crate) ms_bound_bytes: u64,
+    /// Milliseconds above the bound.
+    pub(crate) ms_over_bound: u64,
 }
 
 impl ShapingFigures {
-    fn new(case: &Case, kbit: u64, series: &[f64]) -> Self {
+    fn new(case: &Case, kbit: u64, series: &[f64], wire: &[u64]) -> Self {
         let rate_mbit = kbit as f64 / 1000.0;
         let payload_share = match (case.mode, case.ipv6) {
             (Mode::HtbCubic, false) => 1448.0 / 1514.0,
@@ -802,29 +826,45 @@ impl ShapingFigures {
             _ => 16384.0 / 16387.0,
         };
         let expected = rate_mbit * payload_share;
+        // Whole seconds the sender ran, from 2 s, less the last (it stops inside it).
+        let seconds = 2..(case.seconds as usize).saturating_sub(1);
         let per_second = (1e9 / BUCKET_NS as f64) as usize;
-        // Whole seconds the sender ran, less the last (it stops inside it).
-        let seconds = (case.seconds as usize).saturating_sub(1);
-        let windows: Vec<f64> = (2..seconds)
+        let sink: Vec<f64> = seconds
+            .clone()
             .filter_map(|s| {
                 let buckets = series.get(s * per_second..(s + 1) * per_second)?;
                 Some(buckets.iter().sum::<f64>() / buckets.len() as f64)
             })
             .collect();
-        let error = |mbit: f64| (mbit - expected) / expected;
-        let window_errors: Vec<f64> = windows.iter().map(|&w| error(w)).collect();
-        let max_window_error = window_errors.iter().fold(0.0f64, |m, e| m.max(e.abs()));
-        let run_error = if windows.is_empty() {
-            0.0
-        } else {
-            error(windows.iter().sum::<f64>() / windows.len() as f64)
-        };
+        let error = |mbit: f64, of: f64| if of > 0.0 { (mbit - of) / of } else { 0.0 };
+        let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+        let wire_seconds: Vec<f64> = seconds
+            .clone()
+            .filter_map(|s| {
+                let ms = wire.get(s * 1000..(s + 1) * 1000)?;
+                Some(ms.iter().sum::<u64>() as f64 * 8.0 / 1e6)
+            })
+            .collect();
+        let wire_mbit = mean(&wire_seconds);
+        let wire_window_errors: Vec<f64> =
+            wire_seconds.iter().map(|&w| error(w, wire_mbit)).collect();
+        let during = wire
+            .get(seconds.start * 1000..(seconds.end * 1000).min(wire.len()))
+            .unwrap_or(&[]);
+        let ms_bound_bytes = (wire_mbit * 1e6 / 8.0 / 1000.0) as u64 + 2 * 1514;
         Self {
             rate_mbit,
             expected_goodput_mbit: expected,
-            window_errors,
-            max_window_error,
-            run_error,
+            run_error: error(mean(&sink), expected),
+            sink_window_errors: sink.iter().map(|&w| error(w, expected)).collect(),
+            wire_mbit,
+            max_wire_window_error: wire_window_errors
+                .iter()
+                .fold(0.0f64, |m, e| m.max(e.abs())),
+            wire_window_errors,
+            max_ms_bytes: during.iter().copied().max().unwrap_or(0),
+            ms_bound_bytes,
+            ms_over_bound: during.iter().filter(|&&b| b > ms_bound_bytes).count() as u64,
         }
     }
 }
@@ -995,6 +1035,38 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
                 g.wire_per_plain,
                 g.cpu_s_per_gb[0],
                 g.cpu_s_per_gb[1],
+                if r.verified { "yes" } else { "**no**" },
+            );
+        }
+    }
+    let shaped: Vec<(&Record, &ShapingFigures)> = records
+        .iter()
+        .filter_map(|r| Some((r, r.shaping.as_ref()?)))
+        .collect();
+    if !shaped.is_empty() {
+        s.push_str(
+            "\n| mode | shaped to Mbit/s | flows | RTT ms | goodput Mbit/s (expected) | run error % | \
+             wire Mbit/s | worst 1 s at the wire % | fullest ms / bound bytes | ms over | CPU s gw-a / emu | verified |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        );
+        for (r, f) in shaped {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.3} ({:.3}) | {:+.3} | {:.3} | {:.3} | {} / {} | {} | {} / {:.1} | {} |",
+                r.mode.label(),
+                f.rate_mbit,
+                r.flows,
+                r.rtt_ms,
+                r.goodput_mbit,
+                f.expected_goodput_mbit,
+                f.run_error * 100.0,
+                f.wire_mbit,
+                f.max_wire_window_error * 100.0,
+                f.max_ms_bytes,
+                f.ms_bound_bytes,
+                f.ms_over_bound,
+                r.cpu_s.gw_a.map_or("-".into(), |c| format!("{c:.1}")),
+                r.cpu_s.emulator,
                 if r.verified { "yes" } else { "**no**" },
             );
         }

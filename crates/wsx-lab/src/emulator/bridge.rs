@@ -12,7 +12,7 @@
 
 use super::control::{Direction, EmulatorConfig, Request, Response};
 use super::model::{DropReason, Link, Verdict};
-use super::stats::{Counter, Counters, EmulatorStats, LATE_NS};
+use super::stats::{Counter, Counters, EmulatorStats, LATE_NS, Timeline};
 use crate::sys::{self, EventFd, MsgBatch, PacketSocket};
 use anyhow::{Context, Result};
 use std::cmp::Reverse;
@@ -53,6 +53,7 @@ pub fn run(a_iface: &str, b_iface: &str, control: &Path, config: EmulatorConfig)
     ];
     let shared = Arc::new(Shared {
         counters: [Counters::default(), Counters::default()],
+        timelines: [Timeline::default(), Timeline::default()],
         buffers: AtomicU64::new(0),
         config: Mutex::new(config.clone()),
         wake: EventFd::new()?,
@@ -87,6 +88,7 @@ pub fn run(a_iface: &str, b_iface: &str, control: &Path, config: EmulatorConfig)
 
 struct Shared {
     counters: [Counters; 2],
+    timelines: [Timeline; 2],
     buffers: AtomicU64,
     config: Mutex<EmulatorConfig>,
     wake: EventFd,
@@ -201,6 +203,7 @@ impl Forwarder {
                 let ip_bytes = (len - ETHERNET_HEADER) as u64;
                 counters.add(Counter::RxPkts, 1);
                 counters.add(Counter::RxBytes, ip_bytes);
+                shared.timelines[dir].add(now, ip_bytes);
                 match self.links[dir].handle_packet(now, ip_bytes) {
                     Verdict::Drop(reason) => {
                         let counter = match reason {
@@ -366,6 +369,20 @@ fn answer_one(
     BufReader::new(stream).read_line(&mut line)?;
     let request: Request = serde_json::from_str(&line).context("malformed request")?;
     Ok(match request {
+        Request::MarkTimeline { direction } | Request::Timeline { direction }
+            if direction == Direction::Both =>
+        {
+            Response::Error {
+                message: "a timeline is of one direction: a_to_b or b_to_a".into(),
+            }
+        }
+        Request::MarkTimeline { direction } => {
+            shared.timelines[usize::from(direction == Direction::BToA)].mark(sys::monotonic_ns());
+            Response::Done
+        }
+        Request::Timeline { direction } => Response::Timeline {
+            bytes_per_ms: shared.timelines[usize::from(direction == Direction::BToA)].read(),
+        },
         Request::Stats => {
             let usage = sys::process_usage();
             Response::Stats(Box::new(EmulatorStats {

@@ -58,6 +58,14 @@ pub(crate) enum Request {
         direction: Direction,
         params: LinkParams,
     },
+    /// Starts recording arrivals per millisecond in `direction` (a_to_b or b_to_a).
+    MarkTimeline {
+        direction: Direction,
+    },
+    /// The arrivals per millisecond since the mark.
+    Timeline {
+        direction: Direction,
+    },
 }
 
 /// An answer on the control socket.
@@ -68,6 +76,7 @@ pub(crate) enum Response {
     Stats(Box<EmulatorStats>),
     Config(Box<EmulatorConfig>),
     Done,
+    Timeline { bytes_per_ms: Vec<u64> },
     Error { message: String },
 }
 
@@ -112,6 +121,25 @@ impl EmulatorHandle {
             Response::Done => Ok(()),
             Response::Error { message } => bail!("emulator refused the change: {message}"),
             other => bail!("unexpected answer to set: {other:?}"),
+        }
+    }
+
+    /// Starts recording the bytes arriving in `direction` per millisecond (a_to_b or
+    /// b_to_a), from now.
+    pub fn mark_timeline(&self, direction: Direction) -> Result<()> {
+        match self.request(&Request::MarkTimeline { direction })? {
+            Response::Done => Ok(()),
+            Response::Error { message } => bail!("{message}"),
+            other => bail!("unexpected answer to mark_timeline: {other:?}"),
+        }
+    }
+
+    /// IP bytes that arrived in `direction` in each millisecond since its mark.
+    pub fn timeline(&self, direction: Direction) -> Result<Vec<u64>> {
+        match self.request(&Request::Timeline { direction })? {
+            Response::Timeline { bytes_per_ms } => Ok(bytes_per_ms),
+            Response::Error { message } => bail!("{message}"),
+            other => bail!("unexpected answer to timeline: {other:?}"),
         }
     }
 

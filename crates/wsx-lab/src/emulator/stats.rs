@@ -238,3 +238,59 @@ mod tests {
         assert!((50_000_000..71_000_000).contains(&p95), "{p95}");
     }
 }
+
+/// Bytes arriving at one direction of the link per millisecond, from a mark the control
+/// socket sets: the sending gateway's pattern as it leaves its interface, 1 ms at a time
+/// (the shaping benchmark's smoothness and per-second rates). Off until marked. Like the
+/// counters, it has a single writer.
+#[derive(Debug)]
+pub(crate) struct Timeline {
+    /// The mark, monotonic ns; 0: not recording.
+    start_ns: AtomicU64,
+    slots: Box<[AtomicU64]>,
+}
+
+/// Milliseconds a timeline holds: ten minutes.
+pub(crate) const TIMELINE_SLOTS: usize = 600_000;
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Self {
+            start_ns: AtomicU64::new(0),
+            slots: (0..TIMELINE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl Timeline {
+    /// Starts afresh at `now_ns`.
+    pub(crate) fn mark(&self, now_ns: u64) {
+        self.start_ns.store(0, Ordering::Relaxed);
+        for slot in self.slots.iter() {
+            slot.store(0, Ordering::Relaxed);
+        }
+        self.start_ns.store(now_ns.max(1), Ordering::Relaxed);
+    }
+
+    /// `bytes` arrived at `now_ns`.
+    pub(crate) fn add(&self, now_ns: u64, bytes: u64) {
+        let start = self.start_ns.load(Ordering::Relaxed);
+        if start == 0 || now_ns < start {
+            return;
+        }
+        if let Some(slot) = self.slots.get(((now_ns - start) / 1_000_000) as usize) {
+            slot.store(slot.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes per millisecond since the mark, up to the last that saw any.
+    pub(crate) fn read(&self) -> Vec<u64> {
+        let all: Vec<u64> = self
+            .slots
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed))
+            .collect();
+        let end = all.iter().rposition(|&b| b > 0).map_or(0, |i| i + 1);
+        all[..end].to_vec()
+    }
+}
