@@ -134,6 +134,13 @@ pub fn set_dscp(stream: &TcpStream, dscp: u8) -> io::Result<()> {
     }
 }
 
+/// Caps what the kernel buffers for `stream` on the receiving side at about `bytes` (the
+/// kernel doubles the value for its bookkeeping; autotuning stops): a shaped session's
+/// sender is held back by TCP flow control instead of filling the gateway's memory.
+pub fn set_receive_buffer(stream: &TcpStream, bytes: usize) -> io::Result<()> {
+    SockRef::from(stream).set_recv_buffer_size(bytes)
+}
+
 /// Closes `stream` with a reset (RST) instead of a FIN: the peer must not mistake an
 /// abandoned connection for a complete one.
 pub fn abort(stream: TcpStream) {

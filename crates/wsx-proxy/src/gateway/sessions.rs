@@ -110,6 +110,7 @@ impl Inner {
                         debug!(error = %e, "client gone before its answer");
                         return;
                     }
+                    hold_to(&tcp, flow.as_ref());
                     self.relay(&session, tcp, stream).await
                 }
                 // Direct, and for an intercepted client still from its address: the server
@@ -248,6 +249,7 @@ impl Inner {
                 Some(match shaped {
                     Some((class, shaping)) => {
                         let flow = shaping.open_relay(class);
+                        hold_to(&tcp, Some(&flow));
                         let buffer = usize::try_from(flow.buffer()).unwrap_or(usize::MAX);
                         let buffer = buffer.min(config.sessions.relay_buffer);
                         let server = Shaped::new(server, flow);
@@ -322,6 +324,8 @@ impl Inner {
                         debug!(error = %e, "tuning the server socket");
                     }
                     mark(&server, class);
+                    // The server's data goes toward the WAN from here.
+                    hold_to(&server, flow.as_ref());
                     info!("session opened");
                     let stream = Chunked::new(stream, codec);
                     let outcome = self.relay(&session, stream, server).await;
@@ -433,6 +437,16 @@ fn candidate(peer: &Peer, health: Duration) -> Candidate<(Tunnel, Codec)> {
         tunnel: peer.usable_tunnel(health).map(|t| (t, peer.codec())),
         secondary: config.secondary,
         on_failure: config.on_failure,
+    }
+}
+
+/// Holds what the kernel buffers from the sender on `socket` to its flow's buffer, so that
+/// a shaped sender is held back by TCP flow control, not by the gateway's memory.
+fn hold_to(socket: &TcpStream, flow: Option<&FlowGuard>) {
+    let Some(flow) = flow else { return };
+    let bytes = usize::try_from(flow.buffer()).unwrap_or(usize::MAX);
+    if let Err(e) = sys::set_receive_buffer(socket, bytes) {
+        debug!(error = %e, "capping the receive buffer");
     }
 }
 
