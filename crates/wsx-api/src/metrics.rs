@@ -423,7 +423,7 @@ fn shaper_families(
     e: &mut DescriptorEncoder<'_>,
     shaper: &wsx_proxy::ShaperStatus,
 ) -> Result<(), std::fmt::Error> {
-    let scenario = |s: &wsx_proxy::ScenarioStatus| vec![("scenario", s.name.clone())];
+    let scenario = |s: &wsx_proxy::ScenarioStatus| vec![("scenario", s.spec.name.clone())];
     let all = &shaper.scenarios;
     family(
         e,
@@ -462,7 +462,7 @@ fn shaper_families(
         "wsx_scenario_held_at_max_seconds",
         "Seconds a scenario's maximum held it back",
         all.iter()
-            .filter(|s| s.max_rate.is_some())
+            .filter(|s| s.spec.max_rate.is_some())
             .map(|s| (scenario(s), ConstCounter::new(s.held_at_max.as_secs_f64()))),
     )?;
     family(
@@ -477,7 +477,7 @@ fn shaper_families(
         "wsx_scenario_discarded",
         "Sessions a discard scenario refused",
         all.iter()
-            .filter(|s| s.mode == wsx_proxy::wsx_shaper::Mode::Discard)
+            .filter(|s| s.spec.mode == wsx_proxy::wsx_shaper::Mode::Discard)
             .map(|s| counter(scenario(s), s.discarded)),
     )?;
     family(

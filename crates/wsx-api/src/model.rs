@@ -503,15 +503,16 @@ impl Shaper {
 impl Scenario {
     fn new(s: &wsx_proxy::ScenarioStatus) -> Self {
         let bps = |r: Option<wsx_proxy::wsx_shaper::Rate>| r.map(|r| r.bits_per_second());
+        let spec = &s.spec;
         Self {
-            name: s.name.clone(),
-            parent: s.parent.clone(),
-            mode: s.mode.as_str().to_owned(),
-            min_rate_bps: bps(s.min_rate),
-            max_rate_bps: bps(s.max_rate),
-            flow_rate_bps: bps(s.flow_rate),
-            priority: s.priority,
-            dscp: s.dscp,
+            name: spec.name.clone(),
+            parent: spec.parent.clone(),
+            mode: spec.mode.as_str().to_owned(),
+            min_rate_bps: bps(spec.min_rate),
+            max_rate_bps: bps(spec.max_rate),
+            flow_rate_bps: bps(spec.flow_rate),
+            priority: spec.priority,
+            dscp: spec.dscp,
             bytes: s.bytes,
             flows: s.flows,
             backlogged: s.backlogged,

@@ -149,14 +149,8 @@ pub struct FilterStatus {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ScenarioStatus {
-    pub name: String,
-    pub parent: Option<String>,
-    pub mode: Mode,
-    pub min_rate: Option<Rate>,
-    pub max_rate: Option<Rate>,
-    pub flow_rate: Option<Rate>,
-    pub priority: u8,
-    pub dscp: Option<u8>,
+    /// As configured.
+    pub spec: ScenarioSpec,
     /// Bytes its flows sent (an interior scenario's: its subtree's).
     pub bytes: u64,
     pub flows: u64,
@@ -452,14 +446,7 @@ impl Shaping {
                     .filter(|_| st.backlogged > 0)
                     .map(|min| rate >= 0.99 * min.bits_per_second() as f64);
                 ScenarioStatus {
-                    name: spec.name.clone(),
-                    parent: spec.parent.clone(),
-                    mode: spec.mode,
-                    min_rate: spec.min_rate,
-                    max_rate: spec.max_rate,
-                    flow_rate: spec.flow_rate,
-                    priority: spec.priority,
-                    dscp: spec.dscp,
+                    spec: spec.clone(),
                     bytes: st.bytes,
                     flows: st.flows,
                     backlogged: st.backlogged,

@@ -1,6 +1,6 @@
 //! Rates, and the clock that holds a sender to one.
 //!
-//! A [`Rate`] is bits per second, as operators write them (`"20 Mbit/s"`). A [`RateClock`] is
+//! A [`Rate`] is bits per second, as operators write them (`"20 Mbit/s"`). A `RateClock` is
 //! an earliest-departure-time clock: sending `b` bytes moves the time the next byte may leave
 //! on by exactly `b / rate`, with the remainder of the division kept, so that no rounding
 //! accumulates over a run (at 10 Gbit/s one packet is 1.2 µs; rounding each to whole

@@ -4,7 +4,7 @@
 //!
 //! # Model
 //!
-//! Every node of the tree (the root is the WAN rate) has up to two [`RateClock`]s: a
+//! Every node of the tree (the root is the WAN rate) has up to two `RateClock`s: a
 //! maximum, which holds the node's whole subtree to its rate, and a minimum, which marks when
 //! the node is owed service. A turn is chosen in two phases:
 //!
