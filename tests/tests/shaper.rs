@@ -40,6 +40,11 @@ mode = "aggregate"
 max_rate = "20 Mbit/s"
 
 [[scenario]]
+name = "each"
+mode = "fixed"
+flow_rate = "4 Mbit/s"
+
+[[scenario]]
 name = "blocked"
 mode = "discard"
 
@@ -54,11 +59,16 @@ destination_port = [{near}]
 [[filter]]
 scenario = "blocked"
 destination_port = ["{blocked}-{blocked}"]
+
+[[filter]]
+scenario = "each"
+destination_port = [{each}]
 "#,
         bulk = ports.bulk.port(),
         bulk_later = ports.bulk_later.port(),
         near = ports.near.port(),
         blocked = ports.blocked.port(),
+        each = ports.each.port(),
     )
 }
 
@@ -68,6 +78,8 @@ struct Ports {
     bulk_later: SocketAddr,
     near: SocketAddr,
     blocked: SocketAddr,
+    /// Fixed: each flow at 4 Mbit/s.
+    each: SocketAddr,
 }
 
 fn api(lab: &Lab, path: &str) -> Value {
@@ -78,6 +90,38 @@ fn api(lab: &Lab, path: &str) -> Value {
             .call()
             .unwrap();
         serde_json::from_str::<Value>(&response.body_mut().read_to_string().unwrap()).unwrap()
+    })
+    .unwrap()
+}
+
+/// A request with a JSON body to gw-a's API: the status and the answer.
+fn send(lab: &Lab, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let (method, url) = (method.to_owned(), format!("http://{API}{path}"));
+    lab.run_in(Node::GwA, move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let request = ureq::http::Request::builder()
+            .method(method.as_str())
+            .uri(&url)
+            .header("Authorization", format!("Bearer {TOKEN}"));
+        let mut response = match body {
+            Some(body) => agent.run(
+                request
+                    .header("Content-Type", "application/json")
+                    .body(body.to_string())
+                    .unwrap(),
+            ),
+            None => agent.run(request.body(()).unwrap()),
+        }
+        .unwrap();
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     })
     .unwrap()
 }
@@ -103,11 +147,13 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
     let (later_sink, bulk_later) = sink(&lab);
     let (near_sink, near) = sink(&lab);
     let (blocked_sink, blocked) = sink(&lab);
+    let (each_sink, each) = sink(&lab);
     let ports = Ports {
         bulk,
         bulk_later,
         near,
         blocked,
+        each,
     };
     let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
     let api_section = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
@@ -133,6 +179,11 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
     // Relayed directly by gw-a, shaped there.
     assert_eq!(
         transfer_through(&lab, Node::Client, near_sink, near, 1, 2_000_000, random),
+        2_000_000
+    );
+    // Fixed: two flows, each held to 4 Mbit/s, relayed directly.
+    assert_eq!(
+        transfer_through(&lab, Node::Client, each_sink, each, 2, 1_000_000, random),
         2_000_000
     );
     // Discarded: the client is reset, the server never sees it.
@@ -180,13 +231,19 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
         .iter()
         .map(|f| f["sessions"].as_u64().unwrap())
         .collect();
-    assert_eq!(sessions, [2, 1, 1], "{shaper}");
+    assert_eq!(sessions, [2, 1, 1, 2], "{shaper}");
+    let each_state = scenario(&shaper, "each");
+    assert_eq!(each_state["mode"], "fixed");
+    assert!(
+        each_state["bytes"].as_u64().unwrap() >= 2_000_000,
+        "{each_state}"
+    );
     assert_eq!(
         filters[1]["matches"],
         format!("destination_port={}", near.port())
     );
     let status = api(&lab, "/api/v1/status");
-    assert_eq!(status["totals"]["sessions_opened"]["direct"], 1, "{status}");
+    assert_eq!(status["totals"]["sessions_opened"]["direct"], 3, "{status}");
     assert_eq!(status["totals"]["sessions_opened"]["tunnel"], 2, "{status}");
     let metrics = lab
         .run_in(Node::GwA, move || {
@@ -235,4 +292,52 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
     assert_eq!(bulk_state["max_rate_bps"], 30_000_000);
     // The session moved to the new tree: its flow is counted there.
     assert!(bulk_state["bytes"].as_u64().unwrap() > 0, "{bulk_state}");
+
+    // Scenarios and filters edited one at a time through the API: saved to the file (the
+    // rest of it as it was) and applied at once.
+    let (status, answer) = send(
+        &lab,
+        "PUT",
+        "/api/v1/shaper/scenarios/extra",
+        Some(serde_json::json!({"max_rate": "5 Mbit/s", "priority": 6})),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = send(
+        &lab,
+        "POST",
+        "/api/v1/shaper/filters?at=0",
+        Some(serde_json::json!({"scenario": "extra", "destination_port": [9]})),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let shaper = api(&lab, "/api/v1/shaper");
+    assert_eq!(scenario(&shaper, "extra")["max_rate_bps"], 5_000_000);
+    assert_eq!(shaper["filters"][0]["matches"], "destination_port=9");
+    let file = std::fs::read_to_string(&gw_a.config).unwrap();
+    assert!(
+        file.contains("name = \"extra\"") && file.contains("[api]"),
+        "{file}"
+    );
+    // A filter that names a scenario that is not there: refused at its line and column,
+    // nothing changed.
+    let (status, answer) = send(
+        &lab,
+        "PUT",
+        "/api/v1/shaper/filters/0",
+        Some(serde_json::json!({"scenario": "nothing"})),
+    );
+    assert_eq!(status, 422, "{answer}");
+    assert!(answer["error"]["line"].as_u64().is_some(), "{answer}");
+    assert_eq!(std::fs::read_to_string(&gw_a.config).unwrap(), file);
+    let (status, _) = send(&lab, "DELETE", "/api/v1/shaper/filters/0", None);
+    assert_eq!(status, 200);
+    let (status, _) = send(&lab, "DELETE", "/api/v1/shaper/scenarios/extra", None);
+    assert_eq!(status, 200);
+    let (status, _) = send(&lab, "DELETE", "/api/v1/shaper/scenarios/extra", None);
+    assert_eq!(status, 404);
+    let shaper = api(&lab, "/api/v1/shaper");
+    assert!(
+        !shaper["scenarios"].to_string().contains("extra"),
+        "{shaper}"
+    );
+    assert_eq!(shaper["filters"].as_array().unwrap().len(), 4);
 }

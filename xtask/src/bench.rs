@@ -753,7 +753,16 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             && received.verified()
             && send_status.success()
             && sink_status.success(),
-        shaping: shaping.map(|kbit| ShapingFigures::new(case, kbit, &series, &wire)),
+        shaping: shaping.map(|kbit| {
+            let held = match &gateway_usage {
+                Some([(_, a), _]) => a.shaper_held_ms.map(|ms| ms as f64 / 1000.0),
+                None => None,
+            };
+            ShapingFigures {
+                held_at_max_s: held,
+                ..ShapingFigures::new(case, kbit, &series, &wire)
+            }
+        }),
         series_mbit: series,
         tunnel,
         gateways,
@@ -815,6 +824,10 @@ pub(crate) struct ShapingFigures {
     pub(crate) ms_bound_bytes: u64,
     /// Milliseconds above the bound.
     pub(crate) ms_over_bound: u64,
+    /// wsx: how long the scenario's maximum held it back over the whole case (the rest of
+    /// the time something else, such as the tunnel, sent less than the maximum).
+    #[serde(default)]
+    pub(crate) held_at_max_s: Option<f64>,
 }
 
 impl ShapingFigures {
@@ -865,6 +878,7 @@ impl ShapingFigures {
             max_ms_bytes: during.iter().copied().max().unwrap_or(0),
             ms_bound_bytes,
             ms_over_bound: during.iter().filter(|&&b| b > ms_bound_bytes).count() as u64,
+            held_at_max_s: None,
         }
     }
 }

@@ -77,6 +77,10 @@ pub(crate) struct Totals {
     /// Session bytes sent to the peer, and the stream bytes they took.
     pub(crate) plain_sent: u64,
     pub(crate) wire_sent: u64,
+    /// The benchmark scenario of a shaping gateway: milliseconds its maximum held it back,
+    /// and the bytes it sent.
+    pub(crate) shaper_held_ms: Option<u64>,
+    pub(crate) shaper_bytes: Option<u64>,
 }
 
 impl Totals {
@@ -234,7 +238,11 @@ impl Pair {
             usage_of(self.children[0].id())?,
             usage_of(self.children[1].id())?,
         ];
-        let totals = [self.totals(lab, Node::GwA)?, self.totals(lab, Node::GwB)?];
+        let mut totals = [self.totals(lab, Node::GwA)?, self.totals(lab, Node::GwB)?];
+        if let Some((held_ms, bytes)) = self.shaper(lab, Node::GwA)? {
+            totals[0].shaper_held_ms = Some(held_ms);
+            totals[0].shaper_bytes = Some(bytes);
+        }
         for child in &mut self.children {
             // SAFETY: kill with our child's pid and a valid signal.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
@@ -279,6 +287,40 @@ impl Pair {
             );
         }
         Totals::from_peers_json(&output.stdout).with_context(|| format!("{node:?}'s totals"))
+    }
+}
+
+impl Pair {
+    /// The benchmark scenario's time held at its maximum (ms) and bytes, from the node's
+    /// shaper (`GET /api/v1/shaper` through `wsx filters --json`), if its configuration
+    /// has one.
+    fn shaper(&self, lab: &Lab, node: Node) -> Result<Option<(u64, u64)>> {
+        let config = self.work.join(format!("{}.toml", node.role()));
+        if !std::fs::read_to_string(&config)?.contains("[shaper]") {
+            return Ok(None);
+        }
+        let output = lab
+            .command(node, &self.wsx)
+            .args(["filters", "--json", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("asking {node:?}'s shaper"))?;
+        if !output.status.success() {
+            bail!(
+                "{node:?}'s shaper: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        let shaper: serde_json::Value =
+            serde_json::from_slice(&output.stdout).context("parsing the shaper's state")?;
+        let bench = shaper["scenarios"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["name"] == "bench"))
+            .context("no scenario \"bench\"")?;
+        let held = bench["held_at_max_seconds"].as_f64().unwrap_or(0.0);
+        let bytes = bench["bytes"].as_u64().unwrap_or(0);
+        Ok(Some(((held * 1000.0).round() as u64, bytes)))
     }
 }
 
@@ -378,6 +420,7 @@ mod tests {
                 fec_unrecoverable_groups: 1,
                 plain_sent: 3010,
                 wire_sent: 1013,
+                ..Totals::default()
             }
         );
     }

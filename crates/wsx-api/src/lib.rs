@@ -30,7 +30,7 @@ mod server;
 pub use error::{ApiError, ErrorCode};
 pub use server::{ApiConfig, ApiServer, StartError, TlsFiles};
 
-use model::{ConfigSummary, ConfigView};
+use model::{ConfigSummary, ConfigView, ShaperEdit};
 use std::future::Future;
 use std::pin::Pin;
 use wsx_proxy::Gateway;
@@ -54,6 +54,12 @@ pub trait Control: Send + Sync + 'static {
     /// configuration file atomically, so that a restart runs what is running now. When
     /// anything fails, the running configuration and the file stay as they were.
     fn apply_config(&self, text: String) -> BoxFuture<'_, Result<ConfigSummary, ApiError>>;
+
+    /// Makes `edit` on the configuration file's shaper part and applies the result as
+    /// [`apply_config`](Control::apply_config) would (checked, written, applied; nothing
+    /// changes on failure). [`ErrorCode::NotFound`] when the scenario or filter is not
+    /// there.
+    fn edit_shaper(&self, edit: ShaperEdit) -> BoxFuture<'_, Result<ConfigSummary, ApiError>>;
 
     /// The log filter in force.
     fn log_filter(&self) -> String;

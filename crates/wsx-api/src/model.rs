@@ -523,3 +523,91 @@ impl Scenario {
         }
     }
 }
+
+/// `PUT /api/v1/shaper/scenarios/{name}`: a scenario's fields, as in the configuration
+/// file's `[[scenario]]` (the name is the path's). Rates are written as in the file:
+/// `"20 Mbit/s"`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// `accelerate` (the default), `aggregate`, `fixed` or `discard`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_rate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_kib: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp: Option<u8>,
+}
+
+/// `POST /api/v1/shaper/filters`, `PUT /api/v1/shaper/filters/{index}`: a filter's fields,
+/// as in the configuration file's `[[filter]]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FilterBody {
+    pub scenario: String,
+    /// Prefixes or addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source: Vec<String>,
+    /// Names of address lists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_list: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destination: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destination_list: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_port: Vec<PortSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destination_port: Vec<PortSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dscp: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interface: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peer: Vec<String>,
+}
+
+/// A port (`445`) or a range (`"8000-8080"`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum PortSpec {
+    Port(u16),
+    Range(String),
+}
+
+/// An edit of the shaper's part of the configuration file, made by the daemon on the file
+/// and applied like a new file ([`crate::Control::edit_shaper`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ShaperEdit {
+    /// Adds the scenario `name`, or replaces its fields.
+    PutScenario {
+        name: String,
+        fields: serde_json::Map<String, serde_json::Value>,
+    },
+    DeleteScenario {
+        name: String,
+    },
+    /// Inserts a filter at position `at` (0 first; `None`: last).
+    AddFilter {
+        at: Option<usize>,
+        fields: serde_json::Map<String, serde_json::Value>,
+    },
+    /// Replaces the filter at `index`.
+    PutFilter {
+        index: usize,
+        fields: serde_json::Map<String, serde_json::Value>,
+    },
+    DeleteFilter {
+        index: usize,
+    },
+}

@@ -31,7 +31,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use ipnet::IpNet;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -162,6 +162,9 @@ fn protected() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(set_bypass))
         .routes(routes!(sessions))
         .routes(routes!(shaper))
+        .routes(routes!(put_scenario, delete_scenario))
+        .routes(routes!(add_filter))
+        .routes(routes!(put_filter, delete_filter))
         .routes(routes!(session, kill_session))
         .routes(routes!(config, apply_config))
         .routes(routes!(check_config))
@@ -361,6 +364,120 @@ async fn shaper(State(state): State<Arc<AppState>>) -> Result<Json<Shaper>, ApiE
                 "the gateway does not shape: its configuration has no [shaper] table",
             )
         })
+}
+
+/// Adds the scenario `name` to the configuration file, or replaces its fields; the file is
+/// then checked, saved and applied as `PUT /api/v1/config` would. Live sessions keep
+/// flowing: they move to the new tree by their scenario's name.
+#[utoipa::path(put, path = "/api/v1/shaper/scenarios/{name}", tag = "shaper", security(("token" = [])),
+    params(("name" = String, Path, description = "The scenario's name")),
+    request_body = ScenarioBody,
+    responses((status = 200, description = "Saved and applied", body = ConfigSummary),
+              (status = 422, description = "The file would not be valid; where", body = ErrorBody),
+              (status = 409, description = "The change needs a restart (turning the shaper on)", body = ErrorBody)))]
+async fn put_scenario(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Json(body): Json<ScenarioBody>,
+) -> Result<Json<ConfigSummary>, ApiError> {
+    let fields = fields_of(&body)?;
+    let edit = ShaperEdit::PutScenario { name, fields };
+    state.control.edit_shaper(edit).await.map(Json)
+}
+
+/// Removes the scenario `name` from the configuration file and applies it. Filters that
+/// name it make the file invalid (422): change them first.
+#[utoipa::path(delete, path = "/api/v1/shaper/scenarios/{name}", tag = "shaper", security(("token" = [])),
+    params(("name" = String, Path, description = "The scenario's name")),
+    responses((status = 200, description = "Saved and applied", body = ConfigSummary),
+              (status = 404, description = "No such scenario in the file", body = ErrorBody),
+              (status = 422, description = "The file would not be valid; where", body = ErrorBody)))]
+async fn delete_scenario(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Json<ConfigSummary>, ApiError> {
+    state
+        .control
+        .edit_shaper(ShaperEdit::DeleteScenario { name })
+        .await
+        .map(Json)
+}
+
+/// Where a new filter goes.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+struct FilterPosition {
+    /// Its position (0: tried first); last if absent.
+    at: Option<u32>,
+}
+
+/// Adds a filter to the configuration file (last, or at `at`) and applies it.
+#[utoipa::path(post, path = "/api/v1/shaper/filters", tag = "shaper", security(("token" = [])),
+    params(FilterPosition),
+    request_body = FilterBody,
+    responses((status = 200, description = "Saved and applied", body = ConfigSummary),
+              (status = 404, description = "`at` is past the end of the list", body = ErrorBody),
+              (status = 422, description = "The file would not be valid; where", body = ErrorBody)))]
+async fn add_filter(
+    State(state): State<Arc<AppState>>,
+    Query(position): Query<FilterPosition>,
+    Json(body): Json<FilterBody>,
+) -> Result<Json<ConfigSummary>, ApiError> {
+    let fields = fields_of(&body)?;
+    let edit = ShaperEdit::AddFilter {
+        at: position.at.map(|at| at as usize),
+        fields,
+    };
+    state.control.edit_shaper(edit).await.map(Json)
+}
+
+/// Replaces the filter at `index` (its position, 0 first) and applies the file.
+#[utoipa::path(put, path = "/api/v1/shaper/filters/{index}", tag = "shaper", security(("token" = [])),
+    params(("index" = u32, Path, description = "The filter's position, 0 first")),
+    request_body = FilterBody,
+    responses((status = 200, description = "Saved and applied", body = ConfigSummary),
+              (status = 404, description = "No filter at that position", body = ErrorBody),
+              (status = 422, description = "The file would not be valid; where", body = ErrorBody)))]
+async fn put_filter(
+    State(state): State<Arc<AppState>>,
+    Path(index): Path<u32>,
+    Json(body): Json<FilterBody>,
+) -> Result<Json<ConfigSummary>, ApiError> {
+    let index = index as usize;
+    let fields = fields_of(&body)?;
+    let edit = ShaperEdit::PutFilter { index, fields };
+    state.control.edit_shaper(edit).await.map(Json)
+}
+
+/// Removes the filter at `index` and applies the file.
+#[utoipa::path(delete, path = "/api/v1/shaper/filters/{index}", tag = "shaper", security(("token" = [])),
+    params(("index" = u32, Path, description = "The filter's position, 0 first")),
+    responses((status = 200, description = "Saved and applied", body = ConfigSummary),
+              (status = 404, description = "No filter at that position", body = ErrorBody),
+              (status = 422, description = "The file would not be valid; where", body = ErrorBody)))]
+async fn delete_filter(
+    State(state): State<Arc<AppState>>,
+    Path(index): Path<u32>,
+) -> Result<Json<ConfigSummary>, ApiError> {
+    let index = index as usize;
+    state
+        .control
+        .edit_shaper(ShaperEdit::DeleteFilter { index })
+        .await
+        .map(Json)
+}
+
+/// A body's fields as a JSON object, the absent ones left out.
+fn fields_of(
+    body: &impl Serialize,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    match serde_json::to_value(body) {
+        Ok(serde_json::Value::Object(fields)) => Ok(fields),
+        _ => Err(ApiError::new(
+            ErrorCode::BadRequest,
+            "the body must be a JSON object",
+        )),
+    }
 }
 
 // ---- Sessions -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use wsx_api::model::{ConfigSummary, ConfigView};
+use wsx_api::model::{ConfigSummary, ConfigView, ShaperEdit};
 use wsx_api::{ApiConfig, ApiError, ApiServer, BoxFuture, Control, ErrorCode};
 use wsx_proxy::{Gateway, GatewayConfig};
 use wsx_tunnel::SecretKey;
@@ -19,6 +19,7 @@ struct Stand {
     gateway: Gateway,
     filter: Mutex<String>,
     applied: Mutex<Vec<String>>,
+    edits: Mutex<Vec<ShaperEdit>>,
 }
 
 impl Control for Stand {
@@ -43,6 +44,20 @@ impl Control for Stand {
             peers: 0,
             interception: false,
             applied: false,
+        })
+    }
+
+    fn edit_shaper(&self, edit: ShaperEdit) -> BoxFuture<'_, Result<ConfigSummary, ApiError>> {
+        Box::pin(async move {
+            self.edits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(edit);
+            Ok(ConfigSummary {
+                peers: 0,
+                interception: false,
+                applied: true,
+            })
         })
     }
 
@@ -90,6 +105,7 @@ async fn start(config: impl FnOnce(&mut ApiConfig)) -> Api {
         gateway,
         filter: Mutex::new("info".into()),
         applied: Mutex::new(Vec::new()),
+        edits: Mutex::new(Vec::new()),
     });
     let mut api = ApiConfig::new(vec![TOKEN.into()]);
     api.listen = "127.0.0.1:0".parse().unwrap();
@@ -334,6 +350,10 @@ async fn the_openapi_document_lists_every_route() {
         "/api/v1/config",
         "/api/v1/config/check",
         "/api/v1/log-level",
+        "/api/v1/shaper",
+        "/api/v1/shaper/scenarios/{name}",
+        "/api/v1/shaper/filters",
+        "/api/v1/shaper/filters/{index}",
         "/metrics",
     ] {
         assert!(
@@ -344,6 +364,88 @@ async fn the_openapi_document_lists_every_route() {
     }
     assert!(doc["components"]["securitySchemes"]["token"].is_object());
     assert!(doc["components"]["schemas"]["ErrorBody"].is_object());
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Scenarios and filters are edited one at a time: each request reaches the daemon as an
+/// edit with only the fields given; bad bodies are refused before; a gateway without a
+/// shaper has no state to show.
+#[tokio::test]
+async fn scenario_and_filter_edits_reach_the_daemon() {
+    let api = start(|_| {}).await;
+    let url = |path: &str| format!("{}{path}", api.base);
+    let json = |v: serde_json::Value| Some(("application/json", v.to_string()));
+    let body = serde_json::json!({"mode": "aggregate", "max_rate": "5 Mbit/s", "priority": 7});
+    let (status, _) = call(
+        "PUT",
+        url("/api/v1/shaper/scenarios/backup"),
+        Some(TOKEN),
+        json(body),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let body = serde_json::json!({"scenario": "backup", "destination_port": [22, "8000-8080"]});
+    let (status, _) = call(
+        "POST",
+        url("/api/v1/shaper/filters?at=0"),
+        Some(TOKEN),
+        json(body),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = call("DELETE", url("/api/v1/shaper/filters/3"), Some(TOKEN), None).await;
+    assert_eq!(status, 200);
+    let (status, _) = call(
+        "DELETE",
+        url("/api/v1/shaper/scenarios/backup"),
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let fields = |v: serde_json::Value| v.as_object().cloned().unwrap();
+    assert_eq!(
+        *api.stand.edits.lock().unwrap(),
+        [
+            ShaperEdit::PutScenario {
+                name: "backup".into(),
+                fields: fields(
+                    serde_json::json!({"mode": "aggregate", "max_rate": "5 Mbit/s", "priority": 7})
+                ),
+            },
+            ShaperEdit::AddFilter {
+                at: Some(0),
+                fields: fields(
+                    serde_json::json!({"scenario": "backup", "destination_port": [22, "8000-8080"]})
+                ),
+            },
+            ShaperEdit::DeleteFilter { index: 3 },
+            ShaperEdit::DeleteScenario {
+                name: "backup".into()
+            },
+        ]
+    );
+    // Unknown fields and wrong types are refused before the daemon sees them.
+    let body = serde_json::json!({"max_rate": "5 Mbit/s", "turbo": true});
+    let (status, err) = call(
+        "PUT",
+        url("/api/v1/shaper/scenarios/x"),
+        Some(TOKEN),
+        json(body),
+    )
+    .await;
+    assert_eq!((status, code(&err)), (422, "invalid_value"), "{err}");
+    let (status, err) = call(
+        "POST",
+        url("/api/v1/shaper/filters"),
+        Some(TOKEN),
+        json(serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(status, 422, "a filter names its scenario: {err}");
+    assert_eq!(api.stand.edits.lock().unwrap().len(), 4);
+    let (status, err) = call("GET", url("/api/v1/shaper"), Some(TOKEN), None).await;
+    assert_eq!((status, code(&err)), (404, "not_found"));
     api.server.shutdown(Duration::from_secs(1)).await;
 }
 

@@ -8,6 +8,7 @@
 //! longer than the change takes, and a crash in the middle leaves one or the other whole.
 
 use crate::config::Loaded;
+use crate::config::edit::EditError;
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use std::time::Duration;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::reload;
-use wsx_api::model::{ConfigSummary, ConfigView};
+use wsx_api::model::{ConfigSummary, ConfigView, ShaperEdit};
 use wsx_api::{ApiError, BoxFuture, ErrorCode};
 use wsx_proxy::{Gateway, GatewayConfig, GatewayError};
 
@@ -93,6 +94,26 @@ impl Daemon {
     /// back if the gateway refuses it.
     async fn apply_text(&self, text: String) -> Result<ConfigSummary, ApiError> {
         let _one = self.reloading.lock().await;
+        self.apply_locked(text).await
+    }
+
+    /// The API: makes `edit` on the configuration file as it is on disk, then as
+    /// [`Self::apply_text`].
+    async fn apply_edit(&self, edit: ShaperEdit) -> Result<ConfigSummary, ApiError> {
+        let _one = self.reloading.lock().await;
+        let text = std::fs::read_to_string(&self.path)
+            .map_err(|e| internal(format!("reading {}: {e}", self.path.display())))?;
+        let text = crate::config::edit::apply(&text, &edit).map_err(|e| match e {
+            EditError::NotFound(message) => ApiError::new(ErrorCode::NotFound, message),
+            EditError::Fields(message) => ApiError::new(ErrorCode::InvalidValue, message),
+            EditError::File(message) => ApiError::new(ErrorCode::InvalidConfig, message),
+        })?;
+        self.apply_locked(text).await
+    }
+
+    /// Validates `text`, writes it to the file, applies it; puts the old file back if the
+    /// gateway refuses it. The caller holds `reloading`.
+    async fn apply_locked(&self, text: String) -> Result<ConfigSummary, ApiError> {
         let (loaded, config) = self.validate(text)?;
         let summary = summary(&config, true);
         let previous = std::fs::read(&self.path)
@@ -126,6 +147,7 @@ impl Daemon {
                 format!("{what} cannot change without a restart"),
             ),
             GatewayError::Peers(e) => ApiError::new(ErrorCode::InvalidConfig, e.to_string()),
+            GatewayError::Shaping(e) => ApiError::new(ErrorCode::InvalidConfig, e.to_string()),
             other => internal(other.to_string()),
         })?;
         *self.running.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(loaded);
@@ -160,6 +182,10 @@ impl wsx_api::Control for Daemon {
 
     fn apply_config(&self, text: String) -> BoxFuture<'_, Result<ConfigSummary, ApiError>> {
         Box::pin(self.apply_text(text))
+    }
+
+    fn edit_shaper(&self, edit: ShaperEdit) -> BoxFuture<'_, Result<ConfigSummary, ApiError>> {
+        Box::pin(self.apply_edit(edit))
     }
 
     fn log_filter(&self) -> String {

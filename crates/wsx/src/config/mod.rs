@@ -5,6 +5,7 @@
 //! column, and the field. The private key and the API tokens print as `<secret>` wherever
 //! the configuration is logged or shown (`Debug`, and the JSON the API serves).
 
+pub(crate) mod edit;
 mod shaper;
 
 use anyhow::{Context, Result};
