@@ -760,6 +760,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
             };
             ShapingFigures {
                 held_at_max_s: held,
+                flow_jain_per_second: flow_jain_per_second(case, &received),
                 ..ShapingFigures::new(case, kbit, &series, &wire)
             }
         }),
@@ -828,6 +829,10 @@ pub(crate) struct ShapingFigures {
     /// the time something else, such as the tunnel, sent less than the maximum).
     #[serde(default)]
     pub(crate) held_at_max_s: Option<f64>,
+    /// Jain's index of the flows' goodput at the sink in each second from 2 s to the last
+    /// full one (with one flow, 1).
+    #[serde(default)]
+    pub(crate) flow_jain_per_second: Vec<f64>,
 }
 
 impl ShapingFigures {
@@ -879,8 +884,29 @@ impl ShapingFigures {
             ms_bound_bytes,
             ms_over_bound: during.iter().filter(|&&b| b > ms_bound_bytes).count() as u64,
             held_at_max_s: None,
+            flow_jain_per_second: Vec::new(),
         }
     }
+}
+
+/// Jain's index of the flows' goodput at the sink in each whole second from 2 s to the
+/// last full one.
+fn flow_jain_per_second(case: &Case, received: &SinkReport) -> Vec<f64> {
+    let per_second = (1e9 / BUCKET_NS as f64) as usize;
+    (2..(case.seconds as usize).saturating_sub(1))
+        .map(|s| {
+            let bytes: Vec<f64> = received
+                .flows
+                .iter()
+                .map(|f| {
+                    let end = ((s + 1) * per_second).min(f.buckets.len());
+                    let start = (s * per_second).min(end);
+                    f.buckets[start..end].iter().sum::<u64>() as f64
+                })
+                .collect();
+            jain(&bytes)
+        })
+        .collect()
 }
 
 fn tempdir(lab: &Lab) -> Result<PathBuf> {
@@ -1060,13 +1086,13 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
     if !shaped.is_empty() {
         s.push_str(
             "\n| mode | shaped to Mbit/s | flows | RTT ms | goodput Mbit/s (expected) | run error % | \
-             wire Mbit/s | worst 1 s at the wire % | fullest ms / bound bytes | ms over | CPU s gw-a / emu | verified |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+             wire Mbit/s | worst 1 s at the wire % | fullest ms / bound bytes | ms over | Jain over the run / worst second | CPU s gw-a / emu | verified |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
         );
         for (r, f) in shaped {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {:.3} ({:.3}) | {:+.3} | {:.3} | {:.3} | {} / {} | {} | {} / {:.1} | {} |",
+                "| {} | {} | {} | {} | {:.3} ({:.3}) | {:+.3} | {:.3} | {:.3} | {} / {} | {} | {:.3} / {:.3} | {} / {:.1} | {} |",
                 r.mode.label(),
                 f.rate_mbit,
                 r.flows,
@@ -1079,6 +1105,11 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
                 f.max_ms_bytes,
                 f.ms_bound_bytes,
                 f.ms_over_bound,
+                r.jain,
+                f.flow_jain_per_second
+                    .iter()
+                    .copied()
+                    .fold(1.0f64, f64::min),
                 r.cpu_s.gw_a.map_or("-".into(), |c| format!("{c:.1}")),
                 r.cpu_s.emulator,
                 if r.verified { "yes" } else { "**no**" },
