@@ -236,6 +236,44 @@ impl Drop for Daemon {
     }
 }
 
+/// An HTTP request to a gateway's API at `api` from inside `node`'s namespace, with the
+/// bearer `token` and an optional body (content type, text): the status and the body.
+pub fn api_request(
+    lab: &Lab,
+    node: Node,
+    (api, token): (&str, &str),
+    (method, path): (&str, &str),
+    body: Option<(&str, String)>,
+) -> (u16, String) {
+    let (method, url) = (method.to_owned(), format!("http://{api}{path}"));
+    let authorization = format!("Bearer {token}");
+    let body = body.map(|(t, b)| (t.to_owned(), b));
+    lab.run_in(node, move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        let request = ureq::http::Request::builder()
+            .method(method.as_str())
+            .uri(&url)
+            .header("Authorization", authorization);
+        let mut response = match body {
+            Some((content_type, body)) => agent.run(
+                request
+                    .header("Content-Type", content_type)
+                    .body(body)
+                    .unwrap(),
+            ),
+            None => agent.run(request.body(()).unwrap()),
+        }
+        .unwrap();
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_to_string().unwrap())
+    })
+    .unwrap()
+}
+
 /// A TCP listener on an ephemeral port of `ip` in `node`, and its address.
 pub fn listen(lab: &Lab, node: Node, ip: IpAddr) -> (TcpListener, SocketAddr) {
     let listener = lab

@@ -45,32 +45,7 @@ fn lab() -> (Lab, PathBuf) {
 
 /// An HTTP request to gw-a's API from inside its namespace: the status and the body.
 fn request(lab: &Lab, method: &str, path: &str, body: Option<(&str, String)>) -> (u16, String) {
-    let (method, url) = (method.to_owned(), format!("http://{API}{path}"));
-    let body = body.map(|(t, b)| (t.to_owned(), b));
-    lab.run_in(Node::GwA, move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
-        let request = ureq::http::Request::builder()
-            .method(method.as_str())
-            .uri(&url)
-            .header("Authorization", format!("Bearer {TOKEN}"));
-        let mut response = match body {
-            Some((content_type, body)) => agent.run(
-                request
-                    .header("Content-Type", content_type)
-                    .body(body)
-                    .unwrap(),
-            ),
-            None => agent.run(request.body(()).unwrap()),
-        }
-        .unwrap();
-        let status = response.status().as_u16();
-        (status, response.body_mut().read_to_string().unwrap())
-    })
-    .unwrap()
+    wsx_e2e::api_request(lab, Node::GwA, (API, TOKEN), (method, path), body)
 }
 
 fn get_json(lab: &Lab, path: &str) -> Value {

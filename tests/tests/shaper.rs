@@ -82,48 +82,20 @@ struct Ports {
     each: SocketAddr,
 }
 
-fn api(lab: &Lab, path: &str) -> Value {
-    let url = format!("http://{API}{path}");
-    lab.run_in(Node::GwA, move || {
-        let mut response = ureq::get(&url)
-            .header("Authorization", format!("Bearer {TOKEN}"))
-            .call()
-            .unwrap();
-        serde_json::from_str::<Value>(&response.body_mut().read_to_string().unwrap()).unwrap()
-    })
-    .unwrap()
+/// A request to gw-a's API with an optional JSON body: the status and the answer (JSON,
+/// or the text as a JSON string).
+fn send(lab: &Lab, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let body = body.map(|b| ("application/json", b.to_string()));
+    let (status, text) = wsx_e2e::api_request(lab, Node::GwA, (API, TOKEN), (method, path), body);
+    let answer = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, answer)
 }
 
-/// A request with a JSON body to gw-a's API: the status and the answer.
-fn send(lab: &Lab, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let (method, url) = (method.to_owned(), format!("http://{API}{path}"));
-    lab.run_in(Node::GwA, move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let request = ureq::http::Request::builder()
-            .method(method.as_str())
-            .uri(&url)
-            .header("Authorization", format!("Bearer {TOKEN}"));
-        let mut response = match body {
-            Some(body) => agent.run(
-                request
-                    .header("Content-Type", "application/json")
-                    .body(body.to_string())
-                    .unwrap(),
-            ),
-            None => agent.run(request.body(()).unwrap()),
-        }
-        .unwrap();
-        let status = response.status().as_u16();
-        let text = response.body_mut().read_to_string().unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    })
-    .unwrap()
+/// `GET path` on gw-a's API, which must answer 200 with JSON.
+fn api(lab: &Lab, path: &str) -> Value {
+    let (status, answer) = send(lab, "GET", path, None);
+    assert_eq!(status, 200, "{path}: {answer}");
+    answer
 }
 
 fn scenario<'a>(shaper: &'a Value, name: &str) -> &'a Value {
@@ -245,15 +217,9 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
     let status = api(&lab, "/api/v1/status");
     assert_eq!(status["totals"]["sessions_opened"]["direct"], 3, "{status}");
     assert_eq!(status["totals"]["sessions_opened"]["tunnel"], 2, "{status}");
-    let metrics = lab
-        .run_in(Node::GwA, move || {
-            let mut r = ureq::get(&format!("http://{API}/metrics"))
-                .header("Authorization", format!("Bearer {TOKEN}"))
-                .call()
-                .unwrap();
-            r.body_mut().read_to_string().unwrap()
-        })
-        .unwrap();
+    let (status, metrics) =
+        wsx_e2e::api_request(&lab, Node::GwA, (API, TOKEN), ("GET", "/metrics"), None);
+    assert_eq!(status, 200);
     assert!(
         metrics.contains("wsx_scenario_discarded_total{scenario=\"blocked\"} 1"),
         "{metrics}"
