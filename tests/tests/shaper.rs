@@ -1,6 +1,6 @@
 //! The bandwidth controller end to end: sessions classified by their destination port into
 //! an accelerated scenario held to a maximum, a directly relayed one, a discard one, and the
-//! default; the API's counters for each; a reload that changes a rate under a live session.
+//! default; by the DSCP and the interface they arrived with; the API's counters for each; a reload that changes a rate under a live session.
 //! Real kernel TCP through both gateways and the emulated WAN; every transfer is verified
 //! by hash. Needs root; run with `cargo xtask test`.
 
@@ -63,12 +63,27 @@ destination_port = ["{blocked}-{blocked}"]
 [[filter]]
 scenario = "each"
 destination_port = [{each}]
+
+[[filter]]
+scenario = "blocked"
+dscp = [46]
+
+[[filter]]
+scenario = "blocked"
+destination_port = [{arrival}]
+interface = ["wan0"]
+
+[[filter]]
+scenario = "near"
+destination_port = [{arrival}]
+interface = ["lan0"]
 "#,
         bulk = ports.bulk.port(),
         bulk_later = ports.bulk_later.port(),
         near = ports.near.port(),
         blocked = ports.blocked.port(),
         each = ports.each.port(),
+        arrival = ports.arrival.port(),
     )
 }
 
@@ -80,6 +95,9 @@ struct Ports {
     blocked: SocketAddr,
     /// Fixed: each flow at 4 Mbit/s.
     each: SocketAddr,
+    /// Classified by how the session arrived: DSCP 46 is discarded; otherwise by the
+    /// ingress interface, `lan0` (near) and not `wan0` (blocked).
+    arrival: SocketAddr,
 }
 
 /// A request to gw-a's API with an optional JSON body: the status and the answer (JSON,
@@ -120,12 +138,14 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
     let (near_sink, near) = sink(&lab);
     let (blocked_sink, blocked) = sink(&lab);
     let (each_sink, each) = sink(&lab);
+    let (arrival_sink, arrival) = sink(&lab);
     let ports = Ports {
         bulk,
         bulk_later,
         near,
         blocked,
         each,
+        arrival,
     };
     let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
     let api_section = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
@@ -175,6 +195,39 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
         blocked_sink.accept().is_err(),
         "the server saw a discarded session"
     );
+    // By how it arrived: marked EF (DSCP 46) it is discarded, whatever its port; unmarked,
+    // its ingress interface (lan0) puts it in `near`.
+    let marked = lab
+        .run_in(Node::Client, move || {
+            let socket = socket2::Socket::new(
+                socket2::Domain::IPV4,
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )
+            .unwrap();
+            socket.set_tos(46 << 2).unwrap();
+            socket.connect(&arrival.into()).unwrap();
+            let mut c = TcpStream::from(socket);
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c.read(&mut [0u8; 16]).map_err(|e| e.kind())
+        })
+        .unwrap();
+    assert!(
+        matches!(marked, Ok(0) | Err(ErrorKind::ConnectionReset)),
+        "{marked:?}"
+    );
+    assert_eq!(
+        transfer_through(
+            &lab,
+            Node::Client,
+            arrival_sink,
+            arrival,
+            1,
+            1_000_000,
+            random
+        ),
+        1_000_000
+    );
 
     let shaper = api(&lab, "/api/v1/shaper");
     let bulk_state = scenario(&shaper, "bulk");
@@ -197,13 +250,13 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
         near_state["held_at_max_seconds"].as_f64().unwrap() > 0.2,
         "{near_state}"
     );
-    assert_eq!(scenario(&shaper, "blocked")["discarded"], 1);
+    assert_eq!(scenario(&shaper, "blocked")["discarded"], 2);
     let filters = shaper["filters"].as_array().unwrap();
     let sessions: Vec<u64> = filters
         .iter()
         .map(|f| f["sessions"].as_u64().unwrap())
         .collect();
-    assert_eq!(sessions, [2, 1, 1, 2], "{shaper}");
+    assert_eq!(sessions, [2, 1, 1, 2, 1, 0, 1], "{shaper}");
     let each_state = scenario(&shaper, "each");
     assert_eq!(each_state["mode"], "fixed");
     assert!(
@@ -215,13 +268,13 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
         format!("destination_port={}", near.port())
     );
     let status = api(&lab, "/api/v1/status");
-    assert_eq!(status["totals"]["sessions_opened"]["direct"], 3, "{status}");
+    assert_eq!(status["totals"]["sessions_opened"]["direct"], 4, "{status}");
     assert_eq!(status["totals"]["sessions_opened"]["tunnel"], 2, "{status}");
     let (status, metrics) =
         wsx_e2e::api_request(&lab, Node::GwA, (API, TOKEN), ("GET", "/metrics"), None);
     assert_eq!(status, 200);
     assert!(
-        metrics.contains("wsx_scenario_discarded_total{scenario=\"blocked\"} 1"),
+        metrics.contains("wsx_scenario_discarded_total{scenario=\"blocked\"} 2"),
         "{metrics}"
     );
     assert!(
@@ -305,5 +358,5 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
         !shaper["scenarios"].to_string().contains("extra"),
         "{shaper}"
     );
-    assert_eq!(shaper["filters"].as_array().unwrap().len(), 4);
+    assert_eq!(shaper["filters"].as_array().unwrap().len(), 7);
 }

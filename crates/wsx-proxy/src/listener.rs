@@ -162,9 +162,11 @@ pub(crate) fn bind_transparent(port: u16) -> Result<Vec<TcpListener>, GatewayErr
 
 /// Binds a forwarding or SOCKS5 listener.
 pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, GatewayError> {
-    TcpListener::bind(addr)
+    let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| GatewayError::Listener { addr, source })
+        .map_err(|source| GatewayError::Listener { addr, source })?;
+    sys::note_arrivals(socket2::SockRef::from(&listener), addr);
+    Ok(listener)
 }
 
 /// Connections the rules sent to a transparent listener.

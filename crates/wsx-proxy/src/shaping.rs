@@ -38,8 +38,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 use wsx_shaper::{
-    AddressList, Classifier, FilterError, FilterSpec, FlowId, Grant, Mode, PortId, PortKind, Rate,
-    ScenarioId, ScenarioSpec, ScenarioStats, SessionKey, Shaper, Tree, TreeError,
+    AddressList, Arrival, Classifier, FilterError, FilterSpec, FlowId, Grant, Mode, PortId,
+    PortKind, Rate, ScenarioId, ScenarioSpec, ScenarioStats, SessionKey, Shaper, Tree, TreeError,
 };
 use wsx_tunnel::driver::Tunnel;
 use wsx_tunnel::{RoundRobin, Scheduler, StreamId, Turn};
@@ -260,6 +260,11 @@ impl Shaping {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What of a session's arrival the filters read.
+    pub(crate) fn reads(&self) -> Arrival {
+        self.lock().classifier.reads()
     }
 
     /// The class of a new session: the first matching filter's scenario, or `default`.

@@ -28,6 +28,7 @@ pub fn transparent_listener(addr: SocketAddr) -> io::Result<TcpListener> {
         socket.set_only_v6(true)?;
     }
     set_transparent(&socket, addr.ip())?;
+    note_arrivals(SockRef::from(&socket), addr);
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
     socket.set_nonblocking(true)?;
@@ -134,6 +135,111 @@ pub fn set_dscp(stream: &TcpStream, dscp: u8) -> io::Result<()> {
     }
 }
 
+/// Asks the kernel to remember, for every connection `listener` accepts, the TOS byte (or
+/// traffic class) and the interface of the packets that opened it, for [`arrival`]. An
+/// IPv6 listener also asks at the IPv4 level, for the IPv4 clients of a dual-stack socket.
+pub fn record_arrival(listener: SockRef<'_>, ipv6: bool) -> io::Result<()> {
+    if ipv6 {
+        set_int(&listener, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)?;
+        set_int(&listener, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
+        if listener.only_v6().unwrap_or(true) {
+            return Ok(());
+        }
+    }
+    set_int(&listener, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)?;
+    set_int(&listener, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)
+}
+
+/// [`record_arrival`] for a listener on `addr`, where failing costs only the filters on
+/// DSCP and interface their matches (said once, at debug level).
+pub fn note_arrivals(listener: SockRef<'_>, addr: SocketAddr) {
+    if let Err(e) = record_arrival(listener, addr.is_ipv6()) {
+        tracing::debug!(%addr, error = %e, "the listener cannot record how connections arrive");
+    }
+}
+
+/// How a connection arrived: the DSCP of the client's packets and the index of the
+/// interface they came in on, as the kernel kept them from the handshake (see
+/// [`record_arrival`]; `IP_PKTOPTIONS` / `IPV6_2292PKTOPTIONS`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Arrival {
+    pub dscp: Option<u8>,
+    pub interface: Option<u32>,
+}
+
+/// Reads how `stream` arrived. `client` picks the level: an IPv4 client's (also on an IPv6
+/// socket, mapped) is kept at the IPv4 level.
+pub fn arrival(stream: &TcpStream, client: SocketAddr) -> io::Result<Arrival> {
+    let ipv4 = match client {
+        SocketAddr::V4(_) => true,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_some(),
+    };
+    let (level, name) = if ipv4 {
+        (libc::IPPROTO_IP, libc::IP_PKTOPTIONS)
+    } else {
+        (libc::IPPROTO_IPV6, libc::IPV6_2292PKTOPTIONS)
+    };
+    // Aligned for `cmsghdr`; room for the two messages with plenty to spare.
+    let mut control = [0u64; 32];
+    let mut len = size_of_val(&control) as libc::socklen_t;
+    // SAFETY: the fd is a valid socket for the call; `control` is writable for `len` bytes
+    // and `len` is updated to what the kernel wrote.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            level,
+            name,
+            control.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a zeroed msghdr is valid; only its control fields are used, and they describe
+    // `len` bytes of `control`, which the kernel filled with whole control messages.
+    let mut arrival = Arrival::default();
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = len as _;
+        let mut cmsg = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !cmsg.is_null() {
+            let data = libc::CMSG_DATA(cmsg);
+            match ((*cmsg).cmsg_level, (*cmsg).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_TOS) | (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                    let tos = data.cast::<libc::c_int>().read_unaligned();
+                    arrival.dscp = Some(((tos >> 2) & 0x3f) as u8);
+                }
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let info = data.cast::<libc::in_pktinfo>().read_unaligned();
+                    arrival.interface = u32::try_from(info.ipi_ifindex).ok().filter(|&i| i > 0);
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let info = data.cast::<libc::in6_pktinfo>().read_unaligned();
+                    arrival.interface = Some(info.ipi6_ifindex).filter(|&i| i > 0);
+                }
+                _ => {}
+            }
+            cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
+        }
+    }
+    Ok(arrival)
+}
+
+/// The name of interface `index`, if it still exists.
+pub fn interface_name(index: u32) -> Option<String> {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `name` has the IF_NAMESIZE bytes the call may write, NUL included.
+    let found = unsafe { libc::if_indextoname(index, name.as_mut_ptr()) };
+    if found.is_null() {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// Caps what the kernel buffers for `stream` on the receiving side at about `bytes` (the
 /// kernel doubles the value for its bookkeeping; autotuning stops): a shaped session's
 /// sender is held back by TCP flow control instead of filling the gateway's memory.
@@ -183,6 +289,44 @@ fn set_int(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that marks its packets, on each family and on a dual-stack listener.
+    #[tokio::test]
+    async fn a_connection_tells_its_dscp_and_interface() {
+        let cases = [
+            ("127.0.0.1:0", "127.0.0.1", 46u8),
+            ("[::1]:0", "::1", 10),
+            ("[::]:0", "127.0.0.1", 34),
+        ];
+        for (listen, connect_to, dscp) in cases {
+            let Ok(listener) = TcpListener::bind(listen).await else {
+                eprintln!("skipped {listen}: no such address here");
+                continue;
+            };
+            let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            note_arrivals(SockRef::from(&listener), addr);
+            let to = SocketAddr::new(
+                connect_to.parse().unwrap_or_else(|e| panic!("{e}")),
+                addr.port(),
+            );
+            let client = Socket::new(Domain::for_address(to), Type::STREAM, None)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let tos = u32::from(dscp) << 2;
+            match to {
+                SocketAddr::V4(_) => client.set_tos(tos),
+                SocketAddr::V6(_) => {
+                    set_int(&client, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, tos as i32)
+                }
+            }
+            .unwrap_or_else(|e| panic!("{e}"));
+            client.connect(&to.into()).unwrap_or_else(|e| panic!("{e}"));
+            let (accepted, from) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
+            let arrival = arrival(&accepted, from).unwrap_or_else(|e| panic!("{listen}: {e}"));
+            assert_eq!(arrival.dscp, Some(dscp), "{listen} from {from}");
+            let lo = arrival.interface.and_then(interface_name);
+            assert_eq!(lo.as_deref(), Some("lo"), "{listen} from {from}");
+        }
+    }
 
     #[tokio::test]
     async fn a_name_is_resolved_and_its_addresses_tried_in_turn() {

@@ -184,6 +184,13 @@ pub struct SessionKey<'a> {
     pub peer: Option<&'a str>,
 }
 
+/// Which arrival fields of a session the filters read ([`Classifier::reads`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Arrival {
+    pub dscp: bool,
+    pub interface: bool,
+}
+
 /// The first filter that matched, and its scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Match {
@@ -203,6 +210,7 @@ pub struct Classifier {
     unkeyed: Vec<u32>,
     /// Interface and peer names, interned.
     names: HashMap<String, u32>,
+    reads: Arrival,
 }
 
 #[derive(Debug)]
@@ -265,6 +273,8 @@ impl Classifier {
         }
         for (i, spec) in filters.iter().enumerate() {
             let filter = this.compile(tree, &named, lists, i, spec)?;
+            this.reads.dscp |= filter.dscp != 0;
+            this.reads.interface |= !filter.interfaces.is_empty();
             this.filters.push(filter);
         }
         this.index();
@@ -300,6 +310,12 @@ impl Classifier {
             filter: best as usize,
             scenario: filter.scenario,
         })
+    }
+
+    /// What of a session's arrival some filter looks at: the gateway reads the DSCP and the
+    /// ingress interface of a session only when they can change its class.
+    pub fn reads(&self) -> Arrival {
+        self.reads
     }
 
     pub fn len(&self) -> usize {
@@ -705,6 +721,14 @@ mod tests {
         assert_eq!(which(voice), Some(3));
         // Without a DSCP reading, a filter on DSCP does not match.
         assert_eq!(which(key("10.3.0.1:5000", "198.51.100.1:5060")), None);
+        // The gateway reads what the filters need, and only that.
+        let reads = Arrival {
+            dscp: true,
+            interface: false,
+        };
+        assert_eq!(c.reads(), reads);
+        let none = Classifier::build(&tree(4), &lists, &filters[..3]).unwrap();
+        assert_eq!(none.reads(), Arrival::default());
     }
 
     #[test]

@@ -37,7 +37,8 @@ pub mod shaper;
 pub mod tree;
 
 pub use classify::{
-    AddressList, Classifier, FilterError, FilterField, FilterSpec, Match, PortRange, SessionKey,
+    AddressList, Arrival, Classifier, FilterError, FilterField, FilterSpec, Match, PortRange,
+    SessionKey,
 };
 pub use rate::{CATCH_UP, Rate, RateError};
 pub use shaper::{FlowId, GRANT, Grant, PortId, PortKind, ScenarioStats, Shaper};

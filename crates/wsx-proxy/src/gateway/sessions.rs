@@ -57,7 +57,8 @@ impl Inner {
             peer: selector,
             transparent,
         } = admission;
-        let class = self.classify(client, &destination, self.peer_name(&selector).as_deref());
+        let peer_name = self.peer_name(&selector);
+        let class = self.classify(Some(&tcp), client, &destination, peer_name.as_deref());
         if class.is_some_and(|c| c.mode == Mode::Discard) {
             info!(%client, %destination, "discarded by its scenario");
             self.sessions.totals.count(Ending::Discarded);
@@ -135,9 +136,12 @@ impl Inner {
 
     /// The class of a session from `client` to `destination` through `peer`, if the
     /// gateway shapes. A destination given by name matches only prefixes that contain the
-    /// unspecified address (`0.0.0.0/0`, `::/0`).
+    /// unspecified address (`0.0.0.0/0`, `::/0`). The DSCP and the ingress interface are
+    /// read from `tcp` when a filter looks at them; a session that came through the tunnel
+    /// has neither.
     fn classify(
         &self,
+        tcp: Option<&TcpStream>,
         client: ClientAddr,
         destination: &Target,
         peer: Option<&str>,
@@ -147,11 +151,23 @@ impl Inner {
             Target::Addr(addr) => *addr,
             Target::Name { port, .. } => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), *port),
         };
+        let reads = shaping.reads();
+        let arrival = match tcp.filter(|_| reads.dscp || reads.interface) {
+            Some(tcp) => sys::arrival(tcp, client.0).unwrap_or_else(|e| {
+                debug!(error = %e, "how the connection arrived is unknown");
+                sys::Arrival::default()
+            }),
+            None => sys::Arrival::default(),
+        };
+        let interface = arrival
+            .interface
+            .filter(|_| reads.interface)
+            .and_then(sys::interface_name);
         Some(shaping.classify(&SessionKey {
             source: client.0,
             destination,
-            dscp: None,
-            interface: None,
+            dscp: arrival.dscp,
+            interface: interface.as_deref(),
             peer,
         }))
     }
@@ -285,7 +301,7 @@ impl Inner {
         };
         // What this gateway sends back goes toward the WAN through the tunnel: shaped in
         // the scenario this gateway's own filters give.
-        let class = self.classify(ClientAddr(source), &destination, Some(&peer));
+        let class = self.classify(None, ClientAddr(source), &destination, Some(&peer));
         if class.is_some_and(|c| c.mode == Mode::Discard) {
             info!(client = %source, %destination, "inbound session discarded by its scenario");
             self.sessions.totals.count(Ending::Discarded);

@@ -97,7 +97,7 @@ pub(crate) struct Filter {
     #[serde(default)]
     pub(crate) destination_port: Vec<Port>,
     pub(crate) dscp: Option<Spanned<Vec<u8>>>,
-    /// Ingress interfaces (known for intercepted sessions only).
+    /// Ingress interfaces (of sessions a client opened here, not of those from the tunnel).
     #[serde(default)]
     pub(crate) interface: Vec<String>,
     /// Peer gateways the session goes to or came from.
