@@ -162,11 +162,33 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
     gw_a.wait_for("API listening", Duration::from_secs(10));
     wait_for_tunnel(&gw_a, &gw_b, 1);
 
-    // Accelerated and held to 8 Mbit/s: 3 MB take about 3 s.
+    // Accelerated and held to 8 Mbit/s: 3 MB take about 3 s, in tunnel packets marked
+    // with the scenario's DSCP (10), counted as they leave gw-a.
+    let gw_a_ns = lab.netns(Node::GwA);
+    let nft = |args: &[&str]| wsx_lab::netns::exec(&gw_a_ns, "nft", args).unwrap();
+    nft(&["add", "table", "inet", "e2e_dscp"]);
+    nft(&["add chain inet e2e_dscp out { type filter hook postrouting priority 0 ; }"]);
+    nft(&["add rule inet e2e_dscp out oifname wan0 meta l4proto udp ip dscp 10 counter"]);
     let random = PayloadKind::Random;
     assert_eq!(
         transfer_through(&lab, Node::Client, bulk_sink, bulk, 2, 1_500_000, random),
         3_000_000
+    );
+    let counted = nft(&["-j", "list", "table", "inet", "e2e_dscp"]);
+    let counted: Value = serde_json::from_str(&counted).unwrap();
+    let marked_bytes = counted["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|item| {
+            let expr = item["rule"]["expr"].as_array()?;
+            expr.iter().find_map(|e| e["counter"]["bytes"].as_u64())
+        })
+        .unwrap();
+    // The payload, its headers and what loss recovery sent again; nothing else is marked.
+    assert!(
+        (3_000_000..3_600_000).contains(&marked_bytes),
+        "{marked_bytes} bytes marked"
     );
     // Relayed directly by gw-a, shaped there.
     assert_eq!(

@@ -362,7 +362,8 @@ impl Inner {
     }
 
     /// The shaper's flow for `stream` of `tunnel`, if the gateway shapes; the stream then
-    /// queues no more than the flow's share of its scenario's buffer.
+    /// queues no more than the flow's share of its scenario's buffer, and the tunnel
+    /// packets that carry it are marked with its scenario's DSCP.
     fn stream_flow(
         &self,
         tunnel: &Tunnel,
@@ -370,6 +371,10 @@ impl Inner {
         class: Option<Class>,
     ) -> Option<FlowGuard> {
         let (shaping, class) = self.shaping.as_ref().zip(class)?;
+        if let Some(dscp) = class.dscp {
+            // The tunnel packets that carry this session's data toward the WAN.
+            stream.set_dscp(dscp);
+        }
         let flow = shaping.open_stream(tunnel, stream.id(), class)?;
         stream.set_unsent_limit(flow.buffer());
         Some(flow)

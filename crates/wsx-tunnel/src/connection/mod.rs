@@ -271,6 +271,13 @@ impl Connection {
         self.streams.set_unsent_limit(id, limit);
     }
 
+    /// Marks the packets that carry stream `id`'s data with `dscp` (its low six bits; 0
+    /// unmarks). A burst of packets carries one DSCP, so streams of different DSCPs take
+    /// separate sends.
+    pub fn set_dscp(&mut self, id: StreamId, dscp: u8) {
+        self.streams.set_dscp(id, dscp);
+    }
+
     pub fn set_scheduler(&mut self, scheduler: Box<dyn Scheduler>) {
         self.streams.set_scheduler(scheduler);
     }

@@ -8,6 +8,7 @@ use super::recovery::SentFrame;
 use super::{Connection, State};
 use crate::crypto::TAG_LEN;
 use crate::pacing::Pacer;
+use crate::streams::BurstMark;
 use crate::wire::header::DATA_HEADER_LEN;
 use crate::wire::{DataHeader, Frame, Header, Writer};
 use std::net::SocketAddr;
@@ -24,6 +25,9 @@ pub struct Transmit {
     /// (`SO_TXTIME`) can hand it down; others send at once, since `poll_transmit` releases a
     /// burst only when its time has come.
     pub departure: Instant,
+    /// The DSCP to mark these datagrams with (0: unmarked): that of the streams whose data
+    /// they carry (a burst carries one).
+    pub dscp: u8,
 }
 
 /// Leftover room in a packet below which it is padded to full size, so that a burst's packets
@@ -87,6 +91,7 @@ impl Connection {
             size,
             segment_size: None,
             departure: now,
+            dscp: 0,
         }
     }
 
@@ -216,6 +221,7 @@ impl Connection {
             _ => max,
         };
         let (mut size, mut segment, mut count, mut eliciting_bytes) = (0, 0, 0, 0);
+        let mut mark = BurstMark::default();
         for i in 0..packets {
             let next_pn = self.recovery.next_pn();
             let protected = batch_protected
@@ -226,9 +232,14 @@ impl Connection {
                     .is_some_and(|f| f.protect_next(now, next_pn, srtt));
             let out = &mut buf[size..size + cap];
             let with_ack = i == 0 && (ack_due || self.acks.is_pending() && data_packets > 0);
-            let Some((len, eliciting)) =
-                self.build_packet(now, out, with_ack, i < data_packets, protected)
-            else {
+            let with_data = i < data_packets;
+            let Some((len, eliciting)) = self.build_packet(
+                now,
+                out,
+                with_ack,
+                with_data.then_some(&mut mark),
+                protected,
+            ) else {
                 break;
             };
             if count > 0 && len > segment {
@@ -243,7 +254,7 @@ impl Connection {
             if count == 1 {
                 segment = len;
             }
-            if len < segment || len < cap {
+            if len < segment || len < cap || mark.ended {
                 break;
             }
         }
@@ -263,6 +274,7 @@ impl Connection {
             size,
             segment_size: (count > 1).then_some(segment),
             departure,
+            dscp: mark.dscp.unwrap_or(0),
         })
     }
 
@@ -303,17 +315,19 @@ impl Connection {
             size,
             segment_size: (count > 1).then_some(len),
             departure,
+            dscp: 0,
         })
     }
 
     /// Builds one packet into `out`; returns its size and whether it is ack-eliciting.
-    /// A `protected` packet joins the open FEC block.
+    /// With `data`, it carries data frames, of streams of the burst's DSCP. A `protected`
+    /// packet joins the open FEC block.
     fn build_packet(
         &mut self,
         now: Instant,
         out: &mut [u8],
         with_ack: bool,
-        with_data: bool,
+        data: Option<&mut BurstMark>,
         protected: bool,
     ) -> Option<(usize, bool)> {
         let max = out.len();
@@ -325,8 +339,8 @@ impl Connection {
             if with_ack {
                 acked = self.write_acks(now, &mut w);
             }
-            if with_data {
-                eliciting = self.write_data(now, &mut w, &mut frames);
+            if let Some(mark) = data {
+                eliciting = self.write_data(now, &mut w, &mut frames, mark);
             }
             w.len()
         };
@@ -378,6 +392,7 @@ impl Connection {
         now: Instant,
         w: &mut Writer<'_>,
         frames: &mut Vec<SentFrame>,
+        mark: &mut BurstMark,
     ) -> bool {
         let stream_frames = &mut self.stream_frames;
         self.streams.write_control_frames(w, stream_frames);
@@ -385,7 +400,9 @@ impl Connection {
             .control
             .write_frames(w, |seq| frames.push(SentFrame::Control(seq)));
         let before = w.len();
-        let stream_bytes = self.streams.write_stream_frames(now, w, stream_frames);
+        let stream_bytes = self
+            .streams
+            .write_stream_frames(now, w, stream_frames, mark);
         self.stats.stream_bytes_sent += stream_bytes as u64;
         eliciting |= w.len() > before || !stream_frames.is_empty();
         frames.extend(stream_frames.drain(..).map(SentFrame::Stream));

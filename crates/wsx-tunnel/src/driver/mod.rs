@@ -683,7 +683,7 @@ struct Entry {
     received: bool,
     /// A transmit the socket had no room for (its bytes in `parked`): it leaves before
     /// anything new from this connection.
-    parked_to: Option<(SocketAddr, Option<usize>)>,
+    parked_to: Option<(SocketAddr, (Option<usize>, u8))>,
     parked: Vec<u8>,
 }
 
@@ -944,12 +944,12 @@ impl Out<'_> {
     /// [`TRANSMITS_PER_ROUND`] new ones. Returns whether the socket was full (a transmit is
     /// parked).
     fn transmit(&mut self, entry: &mut Entry, now: Instant) -> bool {
-        if let Some((destination, segment_size)) = entry.parked_to {
-            let outcome = self.send(destination, &entry.parked, segment_size);
+        if let Some((destination, shape)) = entry.parked_to {
+            let outcome = self.send(destination, &entry.parked, shape);
             if let Some(wait) = outcome.not_sent() {
                 return wait;
             }
-            self.count(outcome, destination, entry.parked.len(), segment_size);
+            self.count(outcome, destination, entry.parked.len(), shape.0);
             entry.parked_to = None;
             entry.parked.clear();
         }
@@ -958,10 +958,11 @@ impl Out<'_> {
             let Some(t) = transmit else { break };
             let destination = socket::for_socket(t.destination, self.ipv6_socket);
             let contents = &self.buf[..t.size];
-            let outcome = self.send(destination, contents, t.segment_size);
+            let shape = (t.segment_size, t.dscp);
+            let outcome = self.send(destination, contents, shape);
             if let Some(wait) = outcome.not_sent() {
                 entry.parked.extend_from_slice(contents);
-                entry.parked_to = Some((destination, t.segment_size));
+                entry.parked_to = Some((destination, shape));
                 return wait;
             }
             self.count(outcome, destination, t.size, t.segment_size);
@@ -969,17 +970,19 @@ impl Out<'_> {
         false
     }
 
+    /// Sends `contents`, cut into datagrams of the segment size and marked with the DSCP
+    /// of `shape`.
     fn send(
         &self,
         destination: SocketAddr,
         contents: &[u8],
-        segment_size: Option<usize>,
+        shape: (Option<usize>, u8),
     ) -> socket::Outcome {
         #[cfg(test)]
         if self.shared.is_blocked(destination) {
             return socket::Outcome::Held;
         }
-        socket::try_send(self.socket, self.state, destination, contents, segment_size)
+        socket::try_send(self.socket, self.state, destination, contents, shape)
     }
 
     fn count(

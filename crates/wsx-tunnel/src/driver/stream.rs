@@ -61,6 +61,12 @@ impl Stream {
         self.link.lock().connection.set_unsent_limit(self.id, limit);
     }
 
+    /// Marks the tunnel packets that carry this stream's data with `dscp`; see
+    /// [`Connection::set_dscp`](crate::Connection::set_dscp).
+    pub fn set_dscp(&self, dscp: u8) {
+        self.link.lock().connection.set_dscp(self.id, dscp);
+    }
+
     /// Abandons both directions; the peer sees `code`.
     pub fn reset(&mut self, code: u64) {
         let mut state = self.link.lock();

@@ -114,6 +114,14 @@ enum ResetState {
     },
 }
 
+/// The DSCP a burst of packets (one GSO send) is marked with: its first stream frame's
+/// stream's. A turn for a stream with another DSCP ends the burst.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct BurstMark {
+    pub(crate) dscp: Option<u8>,
+    pub(crate) ended: bool,
+}
+
 #[derive(Debug)]
 struct Stream {
     meta: Option<StreamMeta>,
@@ -135,6 +143,8 @@ struct Stream {
     /// The most bytes written and not yet sent once (unacknowledged sent bytes do not
     /// count): a queue bound set by the application, e.g. a shaper's buffer.
     unsent_limit: u64,
+    /// The DSCP of the packets that carry this stream's data (0: unmarked).
+    dscp: u8,
     /// The application was told the end (`read` returned `Ok(None)`). Until then the stream
     /// is kept, so that the end is reported rather than an unknown stream.
     end_read: bool,
@@ -156,6 +166,7 @@ impl Stream {
             readable_notified: false,
             write_blocked: false,
             unsent_limit: u64::MAX,
+            dscp: 0,
             end_read: false,
         }
     }
@@ -383,6 +394,12 @@ impl Streams {
         }
     }
 
+    pub(crate) fn set_dscp(&mut self, id: StreamId, dscp: u8) {
+        if let Some(stream) = self.map.get_mut(&id) {
+            stream.dscp = dscp & 0x3f;
+        }
+    }
+
     pub(crate) fn finish(&mut self, id: StreamId) -> Result<(), StreamError> {
         let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
         if let ResetState::LocalPending { code } | ResetState::LocalSent { code } = stream.reset {
@@ -576,6 +593,7 @@ impl Streams {
         now: Instant,
         w: &mut Writer<'_>,
         sent: &mut Vec<StreamFrameSent>,
+        mark: &mut BurstMark,
     ) -> usize {
         let mut total = 0;
         // The smallest useful frame: a header and a few bytes.
@@ -596,6 +614,16 @@ impl Streams {
                 self.scheduler.remove(id);
                 continue;
             };
+            match mark.dscp {
+                None => mark.dscp = Some(stream.dscp),
+                Some(d) if d != stream.dscp => {
+                    // One DSCP per burst: this stream keeps its place for the next one.
+                    mark.ended = true;
+                    self.scheduler.sent(id, 0, true, now);
+                    break;
+                }
+                Some(_) => {}
+            }
             if stream.open == OpenState::Pending {
                 let meta = stream
                     .meta

@@ -32,6 +32,8 @@ pub struct Side {
     pub connections: BTreeMap<ConnectionHandle, Connection>,
     /// Events raised since the test last took them.
     pub events: Vec<(ConnectionHandle, Event)>,
+    /// Bytes of the datagrams sent, by the DSCP they were marked with.
+    pub sent_by_dscp: [u64; 64],
 }
 
 impl Side {
@@ -77,6 +79,7 @@ fn side(
         addr,
         connections: BTreeMap::new(),
         events: Vec::new(),
+        sent_by_dscp: [0; 64],
     }
 }
 
@@ -354,6 +357,7 @@ impl Pair {
                     (0, Some(from))
                 };
                 let segment = t.segment_size.unwrap_or(t.size);
+                self.sides[from].sent_by_dscp[usize::from(t.dscp & 0x3f)] += t.size as u64;
                 if let Some(tag) = tag {
                     for datagram in self.buf[..t.size].chunks(segment) {
                         self.links[link].send(now, datagram, tag);

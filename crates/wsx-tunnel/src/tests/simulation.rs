@@ -463,6 +463,40 @@ fn a_queue_bound_on_unsent_bytes_frees_room_by_sending() {
     assert!(pair.client().write(id, &data).unwrap() > 0);
 }
 
+/// Streams marked with different DSCPs, sending at once over a lossy path: every burst
+/// carries one stream's DSCP, so each DSCP's datagrams carry that stream's data (and
+/// their packets' overhead) and no more; both complete intact.
+#[test]
+fn each_burst_carries_the_dscp_of_its_streams() {
+    let mut pair = pair(LinkConfig::new(RTT, 50).with_loss(0.01), 21);
+    pair.connect();
+    let mut transfers = Transfers::new(0);
+    let voice = transfers.start(&mut pair, 400_000);
+    let bulk = transfers.start(&mut pair, 1_200_000);
+    transfers.start(&mut pair, 300_000);
+    pair.client().set_dscp(voice, 46);
+    pair.client().set_dscp(bulk, 10);
+    let before = pair.sides[0].sent_by_dscp;
+    transfers.run(&mut pair, Duration::from_secs(30));
+    transfers.verify();
+    let sent: Vec<u64> = (0..64)
+        .map(|d| pair.sides[0].sent_by_dscp[d] - before[d])
+        .collect();
+    // Headers, tags, retransmissions after 1 % loss and FEC parity (unmarked) on top of
+    // the payload; nothing of one stream under another's mark.
+    let within = |bytes: u64, payload: u64| bytes >= payload && bytes < payload * 115 / 100;
+    assert!(within(sent[46], 400_000), "{sent:?}");
+    assert!(within(sent[10], 1_200_000), "{sent:?}");
+    assert!(sent[0] >= 300_000, "{sent:?}");
+    let marked: u64 = sent
+        .iter()
+        .enumerate()
+        .filter(|&(d, _)| d != 0 && d != 10 && d != 46)
+        .map(|(_, b)| b)
+        .sum();
+    assert_eq!(marked, 0, "{sent:?}");
+}
+
 /// A thousand streams, opened at once over a lossy path, all complete intact; afterwards no
 /// stream state is left and the buffers were bounded by the windows.
 #[test]
