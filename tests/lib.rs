@@ -340,6 +340,7 @@ pub fn transfer_through(
         payload,
         seed: 7,
         receipt_timeout: Duration::from_secs(60),
+        rate_bps: None,
     };
     let sent = lab
         .run_in(from, move || traffic::send(&options))

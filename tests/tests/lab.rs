@@ -46,6 +46,7 @@ fn transfer(lab: &Lab, ipv6: bool, flows: u16, bytes: u64, payload: PayloadKind,
         payload,
         seed: 99,
         receipt_timeout: Duration::from_secs(60),
+        rate_bps: None,
     };
     let sent = lab
         .run_in(Node::Client, move || traffic::send(&options))

@@ -909,13 +909,13 @@ fn flow_jain_per_second(case: &Case, received: &SinkReport) -> Vec<f64> {
         .collect()
 }
 
-fn tempdir(lab: &Lab) -> Result<PathBuf> {
+pub(crate) fn tempdir(lab: &Lab) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("{}-bench", lab.name()));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))

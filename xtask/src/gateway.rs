@@ -155,6 +155,30 @@ impl Pair {
         settings: Settings,
         forward: Option<(SocketAddr, SocketAddr)>,
     ) -> Result<Self> {
+        let shaper = settings.shape_kbit.map(shaper_text);
+        Self::launch(lab, work, lab_binary, settings, forward, shaper.as_deref())
+    }
+
+    /// Like [`Pair::start`] (intercepting), with `shaper` (the `[shaper]`, `[[scenario]]`
+    /// and `[[filter]]` sections) in gw-a's configuration.
+    pub(crate) fn start_shaped(
+        lab: &Lab,
+        work: &Path,
+        lab_binary: &Path,
+        settings: Settings,
+        shaper: &str,
+    ) -> Result<Self> {
+        Self::launch(lab, work, lab_binary, settings, None, Some(shaper))
+    }
+
+    fn launch(
+        lab: &Lab,
+        work: &Path,
+        lab_binary: &Path,
+        settings: Settings,
+        forward: Option<(SocketAddr, SocketAddr)>,
+        shaper: Option<&str>,
+    ) -> Result<Self> {
         let wsx = lab_binary.with_file_name("wsx");
         if !wsx.is_file() {
             bail!(
@@ -184,8 +208,8 @@ impl Pair {
         for (node, own, peer, endpoint, remote) in nodes {
             let config = work.join(format!("{}.toml", node.role()));
             let mut text = config_text(own, peer, endpoint, &remote, settings);
-            if let (Node::GwA, Some(kbit)) = (node, settings.shape_kbit) {
-                text += &shaper_text(kbit);
+            if let (Node::GwA, Some(shaper)) = (node, shaper) {
+                text += shaper;
             }
             if let (Node::GwA, Some((listen, to))) = (node, forward) {
                 text = text.replace("[intercept]\ninterfaces = [\"lan0\"]\n\n", "")
@@ -291,10 +315,26 @@ impl Pair {
 }
 
 impl Pair {
-    /// The benchmark scenario's time held at its maximum (ms) and bytes, from the node's
-    /// shaper (`GET /api/v1/shaper` through `wsx filters --json`), if its configuration
+    /// The scenario "bench"'s time held at its maximum (ms) and bytes, if the node's shaper
     /// has one.
     fn shaper(&self, lab: &Lab, node: Node) -> Result<Option<(u64, u64)>> {
+        let Some(shaper) = self.shaper_state(lab, node)? else {
+            return Ok(None);
+        };
+        let Some(bench) = shaper["scenarios"]
+            .as_array()
+            .and_then(|all| all.iter().find(|s| s["name"] == "bench"))
+        else {
+            return Ok(None);
+        };
+        let held = bench["held_at_max_seconds"].as_f64().unwrap_or(0.0);
+        let bytes = bench["bytes"].as_u64().unwrap_or(0);
+        Ok(Some(((held * 1000.0).round() as u64, bytes)))
+    }
+
+    /// The node's shaper as its API shows it (`GET /api/v1/shaper` through `wsx filters
+    /// --json`), if its configuration has one.
+    pub(crate) fn shaper_state(&self, lab: &Lab, node: Node) -> Result<Option<serde_json::Value>> {
         let config = self.work.join(format!("{}.toml", node.role()));
         if !std::fs::read_to_string(&config)?.contains("[shaper]") {
             return Ok(None);
@@ -312,15 +352,9 @@ impl Pair {
                 String::from_utf8_lossy(&output.stderr).trim()
             );
         }
-        let shaper: serde_json::Value =
+        let shaper =
             serde_json::from_slice(&output.stdout).context("parsing the shaper's state")?;
-        let bench = shaper["scenarios"]
-            .as_array()
-            .and_then(|all| all.iter().find(|s| s["name"] == "bench"))
-            .context("no scenario \"bench\"")?;
-        let held = bench["held_at_max_seconds"].as_f64().unwrap_or(0.0);
-        let bytes = bench["bytes"].as_u64().unwrap_or(0);
-        Ok(Some(((held * 1000.0).round() as u64, bytes)))
+        Ok(Some(shaper))
     }
 }
 

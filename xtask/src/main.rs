@@ -4,6 +4,8 @@
 //!   across a 100 ms, 1 % loss, 100 Mbit/s WAN, side by side.
 //! - `bench`: single benchmark cases and matrices on the lab, as JSON Lines, a markdown table
 //!   and SVG plots under `target/bench/`.
+//! - `shaping`: the bandwidth controller's cases (minimums and priorities, latency by
+//!   priority, fair share), through wsx's shaper and the kernel's HTB in one run.
 //! - `emulator-cost`: the WAN emulator's CPU use and highest sustained rate.
 //! - `test`: the whole test suite (unit, simulation, property, and end-to-end in network
 //!   namespaces), installing the Debian packages it needs.
@@ -13,6 +15,7 @@ mod chart;
 mod demo;
 mod emulator_cost;
 mod gateway;
+mod shaping;
 mod test;
 
 use anyhow::Result;
@@ -31,6 +34,8 @@ enum Task {
     Demo(demo::DemoArgs),
     /// Run benchmark cases on the lab.
     Bench(bench::BenchArgs),
+    /// The bandwidth controller's lab cases, through wsx's shaper and the kernel's HTB.
+    Shaping(shaping::ShapingArgs),
     /// Run the whole test suite (needs root).
     Test(test::TestArgs),
     /// Measure the WAN emulator's CPU cost and highest sustained rate.
@@ -41,6 +46,7 @@ fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Demo(args) => demo::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::Shaping(args) => shaping::run(&args),
         Task::Test(args) => test::run(&args),
         Task::EmulatorCost(args) => emulator_cost::run(&args),
     }

@@ -90,11 +90,41 @@ enum Cmd {
         /// Seed of the payload streams.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Limit each flow to this rate, as an application that has no more to send would.
+        #[arg(long)]
+        rate_mbit: Option<f64>,
         /// Write the JSON report here ("-": stdout).
         #[arg(long, default_value = "-")]
         json: String,
         #[command(flatten)]
         tunnel: TunnelArgs,
+    },
+    /// Time requests answered by an echo server: one of --size bytes every --interval-ms.
+    Probe {
+        /// The echo server's address.
+        #[arg(long)]
+        to: SocketAddr,
+        /// Bytes per request.
+        #[arg(long, default_value_t = 1024)]
+        size: usize,
+        /// Milliseconds from one request to the next.
+        #[arg(long, default_value_t = 10.0)]
+        interval_ms: f64,
+        /// How long to probe.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Seed of the request bytes.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the JSON report here ("-": stdout).
+        #[arg(long, default_value = "-")]
+        json: String,
+    },
+    /// Echo what one connection sends until it closes; prints "ready" once listening.
+    Echo {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
     },
     /// Accept and verify traffic; prints "ready" once listening, then the report.
     Sink {
@@ -210,10 +240,12 @@ fn main() -> Result<()> {
             cc,
             payload,
             seed,
+            rate_mbit,
             json,
             tunnel,
         } => {
             let options = SendOptions {
+                rate_bps: rate_mbit.map(|m| (m * 1e6) as u64),
                 to,
                 flows,
                 bytes,
@@ -229,6 +261,33 @@ fn main() -> Result<()> {
             };
             let error = report.flows.iter().find_map(|f| f.error.as_deref());
             finish(&json, &report, report.verified(), error)
+        }
+        Cmd::Probe {
+            to,
+            size,
+            interval_ms,
+            seconds,
+            seed,
+            json,
+        } => {
+            let report = traffic::probe(&traffic::ProbeOptions {
+                to,
+                size,
+                interval: Duration::from_secs_f64(interval_ms / 1000.0),
+                seconds,
+                seed,
+            });
+            finish(&json, &report, report.verified, report.error.as_deref())
+        }
+        Cmd::Echo { listen } => {
+            let listener =
+                TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
+            println!("ready {}", listener.local_addr()?);
+            let _ = std::io::stdout().flush();
+            // Standard output may be gone by now (whoever waited for "ready" stopped reading).
+            let echoed = traffic::echo(&listener)?;
+            eprintln!("echoed {echoed} bytes");
+            Ok(())
         }
         Cmd::Sink {
             listen,

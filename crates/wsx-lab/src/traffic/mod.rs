@@ -1,5 +1,5 @@
-//! Traffic for the lab. [`send_paced`] offers a constant UDP load. The rest is verified TCP
-//! traffic: a sender that pushes a deterministic stream over M parallel TCP connections
+//! Traffic for the lab. [`send_paced`] offers a constant UDP load; [`probe`] and [`echo`]
+//! time small requests and their answers. The rest is verified TCP traffic: a sender that pushes a deterministic stream over M parallel TCP connections
 //! for N bytes or S seconds, and a sink that checks every byte against the same stream.
 //!
 //! Each connection starts with a 40-byte header (magic `WSXT`, version, payload kind, flow number,
@@ -11,12 +11,14 @@
 //! measures time to first byte and per-flow rates in 100 ms buckets from the sender's origin.
 
 mod payload;
+mod probe;
 mod send;
 mod sink;
 mod tunnel;
 mod udp;
 
 pub use payload::{Payload, PayloadKind};
+pub use probe::{ProbeOptions, ProbeReport, echo, probe};
 pub use send::{SendOptions, SendReport, SentFlow, send};
 pub use sink::{FlowReport, SinkOptions, SinkReport, sink};
 pub use tunnel::{TunnelKeys, TunnelReport, tunnel_send, tunnel_sink};

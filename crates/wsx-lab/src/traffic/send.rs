@@ -28,6 +28,9 @@ pub struct SendOptions {
     pub seed: u64,
     /// How long to wait for the sink's receipt after the last byte.
     pub receipt_timeout: Duration,
+    /// Each flow writes at most this many bits per second, in 10 ms portions (a flow
+    /// limited by its application); `None`: as fast as TCP takes it.
+    pub rate_bps: Option<u64>,
 }
 
 /// What the sender did, per flow.
@@ -177,25 +180,43 @@ pub(super) struct Source {
     chunk: Vec<u8>,
     remaining: Option<u64>,
     deadline_ns: u64,
+    /// A rate-limited flow's rate (bit/s), origin and bytes handed out so far.
+    pace: Option<(u64, u64, u64)>,
 }
 
 impl Source {
     pub(super) fn new(options: &SendOptions, flow: u16, origin_ns: u64) -> Self {
+        // A rate-limited flow writes 10 ms of its rate at a time.
+        let chunk = options.rate_bps.map_or(128 * 1024, |bps| {
+            (bps / 8 / 100).clamp(1, 128 * 1024) as usize
+        });
         Self {
             payload: Payload::new(options.payload, options.seed, flow),
-            chunk: vec![0u8; 128 * 1024],
+            chunk: vec![0u8; chunk],
             remaining: options.bytes,
             deadline_ns: origin_ns + (options.seconds * 1e9) as u64,
+            pace: options.rate_bps.map(|bps| (bps, origin_ns, 0)),
         }
     }
 
-    /// The next bytes to send; `None` when the flow is complete.
+    /// The next bytes to send; `None` when the flow is complete. A rate-limited flow
+    /// first waits until its rate allows them.
     pub(super) fn next_chunk(&mut self) -> Option<&[u8]> {
+        if let Some((bps, origin_ns, sent)) = self.pace {
+            let due = origin_ns + (u128::from(sent) * 8 * 1_000_000_000 / u128::from(bps)) as u64;
+            let now = sys::monotonic_ns();
+            if due > now {
+                std::thread::sleep(Duration::from_nanos(due - now));
+            }
+        }
         let n = match self.remaining {
             Some(left) => left.min(self.chunk.len() as u64) as usize,
             None if sys::monotonic_ns() >= self.deadline_ns => 0,
             None => self.chunk.len(),
         };
+        if let Some((_, _, sent)) = &mut self.pace {
+            *sent += n as u64;
+        }
         if n == 0 {
             return None;
         }
