@@ -40,7 +40,7 @@ pub use classify::{
     AddressList, Arrival, Classifier, FilterError, FilterField, FilterSpec, Match, PortRange,
     SessionKey,
 };
-pub use rate::{CATCH_UP, Rate, RateError};
+pub use rate::{CATCH_UP, Rate, RateError, WAKE_GAP};
 pub use shaper::{FlowId, GRANT, Grant, PortId, PortKind, ScenarioStats, Shaper};
 pub use tree::{
     Field, LeafError, MAX_DEPTH, MAX_SCENARIOS, Mode, PRIORITIES, ScenarioId, ScenarioSpec, Tree,

@@ -33,7 +33,7 @@
 //! asked for by a tunnel may go to a direct relay that comes first by the rules above; the
 //! caller hands such grants on.
 
-use crate::rate::{Nanos, RateClock};
+use crate::rate::{Nanos, RateClock, WAKE_GAP};
 use crate::tree::{Mode, NodeIndex, PRIORITIES, ROOT, ScenarioId, Tree};
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -458,9 +458,16 @@ impl Shaper {
     }
 
     /// When `caller` should ask again: `None` if none of its flows (nor a pumped port's)
-    /// has anything to send, `now` or earlier if one may send at once.
+    /// has anything to send, `now` or earlier if one may send at once, and otherwise
+    /// never sooner than [`WAKE_GAP`] from `now`.
     pub fn poll_timeout(&self, now: Instant, caller: PortId) -> Option<Instant> {
-        let at = self.eligible_at(ROOT, caller, self.nanos(now))?;
+        let now = self.nanos(now);
+        let at = self.eligible_at(ROOT, caller, now)?;
+        let at = if at > now {
+            at.max(now + WAKE_GAP.as_nanos() as Nanos)
+        } else {
+            at
+        };
         Some(self.epoch + Duration::from_nanos(at))
     }
 
@@ -830,7 +837,8 @@ mod tests {
         let relayed = s.open(a, direct);
         s.push(relayed, now);
         assert_eq!(s.next(now, other), None);
-        let later = now + Duration::from_micros(8);
+        // Due in 8 µs: asked to wait the wake-up gap, and served then.
+        let later = now + WAKE_GAP;
         assert_eq!(s.poll_timeout(now, other), Some(later));
         let grant = s.next(later, other).unwrap();
         assert_eq!((grant.flow, grant.port), (relayed, direct));
