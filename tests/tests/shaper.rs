@@ -381,4 +381,42 @@ fn scenarios_hold_rates_relay_directly_discard_and_survive_a_reload() {
         "{shaper}"
     );
     assert_eq!(shaper["filters"].as_array().unwrap().len(), 7);
+
+    // Off by a reload (the file without the shaper's tables): the API says so, and a
+    // session to bulk's port goes through unshaped.
+    let reloaded = |daemon: &Daemon, text: String| {
+        let done = daemon.count("configuration reloaded");
+        std::fs::write(&daemon.config, text).unwrap();
+        daemon.signal(libc::SIGHUP);
+        daemon.wait_for_count("configuration reloaded", done + 1, Duration::from_secs(10));
+    };
+    reloaded(&gw_a, c.gw_a.clone() + &api_section);
+    gw_a.wait_for("shaper off", Duration::from_secs(1));
+    let (status, answer) = send(&lab, "GET", "/api/v1/shaper", None);
+    assert_eq!(status, 404, "{answer}");
+    // bulk's port again (its first listener is gone with its transfer).
+    let rebind = || {
+        lab.run_in(Node::Server, move || TcpListener::bind(bulk))
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(
+        transfer_through(&lab, Node::Client, rebind(), bulk, 1, 1_000_000, random),
+        1_000_000
+    );
+    // On again: the tunnel in service is handed back to the shaper, which never saw the
+    // session of while it was off; a new session is shaped again.
+    reloaded(&gw_a, gw_a_config(30));
+    let shaper = api(&lab, "/api/v1/shaper");
+    assert_eq!(scenario(&shaper, "bulk")["bytes"], 0, "{shaper}");
+    assert_eq!(
+        transfer_through(&lab, Node::Client, rebind(), bulk, 1, 1_000_000, random),
+        1_000_000
+    );
+    let shaper = api(&lab, "/api/v1/shaper");
+    let bulk_state = scenario(&shaper, "bulk");
+    assert!(
+        bulk_state["bytes"].as_u64().unwrap() >= 1_000_000,
+        "{bulk_state}"
+    );
 }

@@ -374,7 +374,7 @@ async fn shaper(State(state): State<Arc<AppState>>) -> Result<Json<Shaper>, ApiE
     request_body = ScenarioBody,
     responses((status = 200, description = "Saved and applied", body = ConfigSummary),
               (status = 422, description = "The file would not be valid; where", body = ErrorBody),
-              (status = 409, description = "The change needs a restart (turning the shaper on)", body = ErrorBody)))]
+              (status = 409, description = "The file, as edited, needs a restart (it differs from the running configuration in more than the shaper)", body = ErrorBody)))]
 async fn put_scenario(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,

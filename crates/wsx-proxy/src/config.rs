@@ -179,9 +179,6 @@ impl GatewayConfig {
         if new.forwards != self.forwards || new.socks != self.socks {
             return Some("the forwarding and SOCKS listeners");
         }
-        if new.shaping.is_some() != self.shaping.is_some() {
-            return Some("turning the shaper on or off");
-        }
         let none = PrefixTable::default();
         if new.intercept.as_ref().map(|i| i.port) != self.intercept.as_ref().map(|i| i.port)
             || new.rules(&none).is_some() != self.rules(&none).is_some()

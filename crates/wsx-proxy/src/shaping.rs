@@ -293,6 +293,9 @@ impl Shaping {
     pub(crate) fn add_tunnel(self: &Arc<Self>, tunnel: &Tunnel) {
         let port = {
             let mut state = self.lock();
+            if state.tunnels.iter().any(|(t, _)| t == tunnel) {
+                return;
+            }
             let port = state.shaper.add_port(PortKind::Driven);
             state.tunnels.push((tunnel.clone(), port));
             port
@@ -317,6 +320,17 @@ impl Shaping {
         let state = &mut *state;
         state.streams.retain(|&(p, _), _| p != port);
         state.moves.remove(&port);
+    }
+
+    /// Gives every tunnel back its own round-robin scheduler (the shaper is being turned
+    /// off): the streams it held queued move there and go on unshaped.
+    pub(crate) fn release_tunnels(&self) {
+        let tunnels: Vec<Tunnel> = self.lock().tunnels.iter().map(|(t, _)| t.clone()).collect();
+        for tunnel in tunnels {
+            self.remove_tunnel(&tunnel);
+            // Outside the lock: the tunnel's scheduler takes it with the tunnel's held.
+            tunnel.set_scheduler(Box::new(RoundRobin::default()));
+        }
     }
 
     /// A flow for `stream` of `tunnel`, in `class`'s scenario; it ends when the guard drops.

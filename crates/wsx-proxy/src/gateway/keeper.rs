@@ -145,10 +145,12 @@ impl Inner {
     /// Takes a tunnel into service: it carries new streams and its incoming streams are
     /// served.
     fn adopt(self: &Arc<Self>, peer: &Arc<Peer>, tunnel: Tunnel, cancel: &CancellationToken) {
-        if let Some(shaping) = &self.shaping {
+        // In service first, then to the shaper: a shaper turned on meanwhile finds it
+        // among the peer's tunnels, or is seen here (adding it twice is harmless).
+        peer.add_tunnel(tunnel.clone());
+        if let Some(shaping) = self.shaping() {
             shaping.add_tunnel(&tunnel);
         }
-        peer.add_tunnel(tunnel.clone());
         info!(remote = %tunnel.remote_address(), rtt = ?tunnel.rtt(), "tunnel in service");
         let name = peer.config().name;
         let serve = self
@@ -179,7 +181,12 @@ impl Inner {
             }
         }
         peer.remove_tunnel(tunnel);
-        if let Some(shaping) = &self.shaping {
+        let shaper = self
+            .shaper
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(shaping) = shaper {
             shaping.remove_tunnel(tunnel);
         }
         log_tunnel_totals(tunnel);

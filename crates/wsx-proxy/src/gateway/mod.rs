@@ -34,9 +34,10 @@ use crate::listener::{self, EntryPoint, Forwarding, Intercepted, Socks};
 use crate::peers::{self, Peer, PeerStatus, PrefixTable};
 use crate::rules::{Rules, RulesError};
 use crate::session::{GatewayTotals, SessionInfo, Sessions};
-use crate::shaping::{ShaperStatus, Shaping};
+use crate::shaping::{ShaperStatus, Shaping, ShapingConfig, ShapingError};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
@@ -44,7 +45,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
-use wsx_tunnel::driver::Driver;
+use wsx_shaper::Rate;
+use wsx_tunnel::driver::{Driver, Tunnel};
 use wsx_tunnel::{EndpointConfig, PublicKey};
 
 /// A running gateway. Dropping it without [`Gateway::shutdown`] leaves the rules installed;
@@ -69,8 +71,12 @@ struct Inner {
     /// Cancelled when the drain deadline passes: sessions abort.
     kill: CancellationToken,
     sessions_tracker: TaskTracker,
-    /// The bandwidth controller, when the configuration has one.
-    shaping: Option<Arc<Shaping>>,
+    /// The bandwidth controller: made when a configuration first has one, kept from then
+    /// on (its flows live as long as their sessions).
+    shaper: Mutex<Option<Arc<Shaping>>>,
+    /// Whether the configuration has a shaper: new sessions are classified and new
+    /// tunnels served by it. Turned off, it goes on serving the flows it has, unlimited.
+    shaping_on: AtomicBool,
 }
 
 /// The configured peers, by key, and the prefix table built from them.
@@ -119,10 +125,6 @@ impl Gateway {
             info!(name = %s.name, address = %s.listen, peer = %s.peer, authentication = !s.users.is_empty(), "SOCKS5 listener");
             socks.push((listener, s.clone()));
         }
-        let shaping = match &config.shaping {
-            Some(c) => Some(Shaping::new(c, Instant::now())?),
-            None => None,
-        };
         let inner = Arc::new(Inner {
             local_key: driver.public_key(),
             driver,
@@ -134,10 +136,11 @@ impl Gateway {
             stop: CancellationToken::new(),
             kill: CancellationToken::new(),
             sessions_tracker: TaskTracker::new(),
-            shaping,
+            shaper: Mutex::new(None),
+            shaping_on: AtomicBool::new(false),
         });
-        if let Some(shaping) = &inner.shaping {
-            tokio::spawn(shaping.clone().pump(inner.stop.clone()));
+        if let Some(c) = &config.shaping {
+            inner.shaping_on_with(c)?;
         }
         inner.apply_peers(&config.peers);
         inner.install_rules(&config).await?;
@@ -154,25 +157,32 @@ impl Gateway {
         Ok(Self { inner })
     }
 
-    /// Applies a new configuration: peers, prefixes (the rules follow), session limits,
-    /// scenarios and filters. Established sessions are kept (their flows move to the
-    /// scenario of the same name, or `default`). The key, the tunnel address, the transport settings
-    /// (`max_datagram`, `max_rate`), the listeners and interception on/off need a restart.
+    /// Applies a new configuration: peers, prefixes (the rules follow), session limits, the
+    /// shaper on or off, scenarios and filters. Established sessions are kept (their flows
+    /// move to the scenario of the same name, or `default`; with the shaper turned off they
+    /// go on unlimited, and sessions opened while it was off stay unshaped). The key, the
+    /// tunnel address, the transport settings (`max_datagram`, `max_rate`), the listeners
+    /// and interception on/off need a restart.
     pub async fn reload(&self, config: GatewayConfig) -> Result<(), GatewayError> {
         config.validate_peers()?;
         let old = self.inner.config();
         if let Some(what) = old.needs_restart(&config) {
             return Err(GatewayError::NeedsRestart(what));
         }
-        if let (Some(shaping), Some(new)) = (&self.inner.shaping, &config.shaping)
-            && old.shaping.as_ref() != Some(new)
-        {
-            shaping.reconfigure(new, Instant::now())?;
-            info!(
-                scenarios = new.scenarios.len(),
-                filters = new.filters.len(),
-                "shaper reconfigured"
-            );
+        match &config.shaping {
+            Some(new) if old.shaping.as_ref() != Some(new) => {
+                self.inner.shaping_on_with(new)?;
+                info!(
+                    scenarios = new.scenarios.len(),
+                    filters = new.filters.len(),
+                    "shaper reconfigured"
+                );
+            }
+            None if old.shaping.is_some() => {
+                self.inner.shaping_off()?;
+                info!("shaper off: sessions it shaped go on unlimited, new ones are not shaped");
+            }
+            _ => {}
         }
         *self
             .inner
@@ -227,7 +237,7 @@ impl Gateway {
     /// The bandwidth controller's scenarios and counters, if the gateway shapes. Each
     /// reading's rates cover the time since the previous reading at least a second old.
     pub fn shaper(&self) -> Option<ShaperStatus> {
-        Some(self.inner.shaping.as_ref()?.status(Instant::now()))
+        Some(self.inner.shaping()?.status(Instant::now()))
     }
 
     pub fn peers(&self) -> Vec<PeerStatus> {
@@ -312,6 +322,66 @@ impl Inner {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// The shaper, if the configuration has one.
+    fn shaping(&self) -> Option<Arc<Shaping>> {
+        if !self.shaping_on.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shaper
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Turns the shaper on with `config`, or reconfigures it: made and pumped the first
+    /// time, then given every tunnel in service (a tunnel adopted meanwhile either is among
+    /// them or finds the shaper on).
+    fn shaping_on_with(&self, config: &ShapingConfig) -> Result<(), ShapingError> {
+        let shaping = {
+            let mut shaper = self.shaper.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*shaper {
+                Some(shaping) => {
+                    shaping.reconfigure(config, Instant::now())?;
+                    shaping.clone()
+                }
+                None => {
+                    let shaping = Shaping::new(config, Instant::now())?;
+                    tokio::spawn(shaping.clone().pump(self.stop.clone()));
+                    *shaper = Some(shaping.clone());
+                    shaping
+                }
+            }
+        };
+        self.shaping_on.store(true, Ordering::Release);
+        let tunnels: Vec<Tunnel> = self
+            .peer_set()
+            .by_key
+            .values()
+            .flat_map(|e| e.peer.tunnels())
+            .collect();
+        for tunnel in &tunnels {
+            shaping.add_tunnel(tunnel);
+        }
+        Ok(())
+    }
+
+    /// Turns the shaper off: new sessions are not classified, the tunnels get their own
+    /// schedulers back, and the flows it has (direct relays) go on under a tree that
+    /// limits nothing until their sessions end.
+    fn shaping_off(&self) -> Result<(), ShapingError> {
+        self.shaping_on.store(false, Ordering::Release);
+        let shaper = self
+            .shaper
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(shaping) = shaper {
+            shaping.release_tunnels();
+            shaping.reconfigure(&ShapingConfig::new(Rate::MAX), Instant::now())?;
+        }
+        Ok(())
     }
 
     fn peer_set(&self) -> MutexGuard<'_, PeerSet> {

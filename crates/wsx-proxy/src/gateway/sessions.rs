@@ -146,7 +146,7 @@ impl Inner {
         destination: &Target,
         peer: Option<&str>,
     ) -> Option<Class> {
-        let shaping = self.shaping.as_ref()?;
+        let shaping = self.shaping()?;
         let destination = match destination {
             Target::Addr(addr) => *addr,
             Target::Name { port, .. } => SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), *port),
@@ -261,7 +261,7 @@ impl Inner {
                 };
                 entry_point.answer(&mut tcp, answer).await.ok()?;
                 // What goes to the server goes toward the WAN: it is shaped here.
-                let shaped = class.zip(self.shaping.as_ref());
+                let shaped = class.zip(self.shaping());
                 Some(match shaped {
                     Some((class, shaping)) => {
                         let flow = shaping.open_relay(class);
@@ -370,7 +370,7 @@ impl Inner {
         stream: &Stream,
         class: Option<Class>,
     ) -> Option<FlowGuard> {
-        let (shaping, class) = self.shaping.as_ref().zip(class)?;
+        let (shaping, class) = self.shaping().zip(class)?;
         if let Some(dscp) = class.dscp {
             // The tunnel packets that carry this session's data toward the WAN.
             stream.set_dscp(dscp);
