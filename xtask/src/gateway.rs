@@ -369,7 +369,7 @@ impl Drop for Pair {
     }
 }
 
-fn config_text(
+pub(crate) fn config_text(
     own: &SecretKey,
     peer: &SecretKey,
     endpoint: SocketAddr,

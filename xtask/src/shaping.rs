@@ -13,6 +13,10 @@
 //!   flow its application holds to 1 Mbit/s: Jain's index of the greedy flows over the run
 //!   and in every second, and the limited flow's rate.
 //!
+//! With `--scale N` it instead times `wsx check-config` (best of N) on a configuration at the
+//! appliance's scale: 4,096 scenarios over 8 levels, 40,000 filters, 1,024 address lists of
+//! 64,000 entries.
+//!
 //! Classes are told apart by destination port: a `[[filter]]` each for wsx, a `u32` filter
 //! each for HTB. The WAN link is faster than the root, so that the shaper, not the path,
 //! divides it. Rates are compared in goodput at the sink, against the configured rate in
@@ -68,6 +72,11 @@ pub(crate) struct ShapingArgs {
     /// Also append the records (JSON Lines) to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Instead of the cases: time `wsx check-config` on a configuration at the
+    /// appliance's scale (4,096 scenarios over 8 levels, 1,024 address lists of 64,000
+    /// entries, 40,000 filters), best of this many runs.
+    #[arg(long)]
+    scale: Option<u32>,
 }
 
 /// A class of traffic: a wsx scenario and an HTB class alike.
@@ -263,6 +272,9 @@ fn check(what: impl Into<String>, measured: f64, target: impl Into<String>, met:
 }
 
 pub(crate) fn run(args: &ShapingArgs) -> Result<()> {
+    if let Some(runs) = args.scale {
+        return scale(runs.max(1));
+    }
     let cases = if args.case.is_empty() {
         vec![
             ShapingCase::Minimums,
@@ -914,4 +926,148 @@ pub(crate) fn table(records: &[Record]) -> String {
         }
     }
     out
+}
+
+/// Scenarios, address lists, their entries and filters of the scale configuration.
+const SCALE: (usize, usize, usize, usize) = (4096, 1024, 64_000, 40_000);
+
+/// A gateway's configuration with the shaper at the appliance's published limits: two
+/// top scenarios and every other one under the scenario `(i - 2) / 3` (8 levels), the last
+/// being `default`, maximums and priorities varied; address lists of /32s; filters on the
+/// leaves by list, prefix and port range in turn.
+fn scale_config() -> String {
+    use wsx_tunnel::SecretKey;
+    let (scenarios, lists, entries, filters) = SCALE;
+    let (own, peer) = (SecretKey::generate(), SecretKey::generate());
+    let endpoint = SocketAddr::from(([192, 0, 2, 1], 4500));
+    let mut text = crate::gateway::config_text(
+        &own,
+        &peer,
+        endpoint,
+        "[\"10.0.0.0/8\"]",
+        Settings::default(),
+    );
+    text += "\n[shaper]\nwan_rate = \"10 Gbit/s\"\n";
+    let parent = |i: usize| (i >= 2).then(|| (i - 2) / 3);
+    let mut has_children = vec![false; scenarios];
+    for i in 0..scenarios {
+        if let Some(p) = parent(i) {
+            has_children[p] = true;
+        }
+    }
+    // The last one is the leaf for unmatched sessions: "default" counts among the 4,096.
+    let name = |i: usize| {
+        if i + 1 == scenarios {
+            "default".to_string()
+        } else {
+            format!("s{i}")
+        }
+    };
+    for i in 0..scenarios {
+        let _ = write!(
+            text,
+            "\n[[scenario]]\nname = \"{}\"\npriority = {}\n",
+            name(i),
+            i % 8
+        );
+        if let Some(p) = parent(i) {
+            let _ = writeln!(text, "parent = \"s{p}\"");
+        }
+        let _ = writeln!(text, "max_rate = \"{} Mbit/s\"", 10 + i % 990);
+    }
+    for l in 0..lists {
+        let _ = write!(text, "\n[[address_list]]\nname = \"l{l}\"\nprefixes = [");
+        let per = entries / lists + usize::from(l < entries % lists);
+        for e in 0..per {
+            let sep = if e == 0 { "" } else { ", " };
+            let _ = write!(
+                text,
+                "{sep}\"10.{}.{}.{}/32\"",
+                l / 4,
+                (l % 4) * 64 + e / 256,
+                e % 256
+            );
+        }
+        text += "]\n";
+    }
+    let leaves: Vec<usize> = (0..scenarios).filter(|&i| !has_children[i]).collect();
+    for f in 0..filters {
+        let leaf = leaves[f % leaves.len()];
+        let _ = write!(text, "\n[[filter]]\nscenario = \"{}\"\n", name(leaf));
+        match f % 3 {
+            0 => {
+                let _ = writeln!(text, "destination_list = [\"l{}\"]", f % lists);
+            }
+            1 => {
+                let _ = writeln!(
+                    text,
+                    "source = [\"172.{}.{}.0/24\"]",
+                    16 + (f / 256) % 16,
+                    f % 256
+                );
+            }
+            _ => {
+                let port = 1024 + (f % 60_000) as u16;
+                let _ = writeln!(text, "destination_port = [\"{port}-{}\"]", port + 1);
+            }
+        }
+    }
+    text
+}
+
+/// Times `wsx check-config` (parse, check, build the tree and the classifier) on the scale
+/// configuration, best of `runs`, with its peak memory.
+fn scale(runs: u32) -> Result<()> {
+    let binary = crate::build_lab_binary()?;
+    let wsx = binary.with_file_name("wsx");
+    let dir = std::env::temp_dir().join(format!("wsx-shaping-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("wsx.toml");
+    let text = scale_config();
+    std::fs::write(&file, &text)?;
+    let mut best: Option<(Duration, u64)> = None;
+    for _ in 0..runs {
+        let started = std::time::Instant::now();
+        let child = Command::new(&wsx)
+            .arg("check-config")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .spawn()
+            .context("running wsx check-config")?;
+        let (ok, max_rss_kb) = wait_with_rss(child)?;
+        let took = started.elapsed();
+        if !ok {
+            bail!("wsx check-config refused {}", file.display());
+        }
+        if best.is_none_or(|(b, _)| took < b) {
+            best = Some((took, max_rss_kb));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let (took, rss) = best.context("no run")?;
+    let (scenarios, lists, entries, filters) = SCALE;
+    println!(
+        "{scenarios} scenarios over 8 levels, {lists} address lists of {entries} entries, \
+         {filters} filters ({:.1} MB of TOML): wsx check-config {:.0} ms (best of {runs}), \
+         peak RSS {:.0} MiB",
+        text.len() as f64 / 1e6,
+        took.as_secs_f64() * 1000.0,
+        rss as f64 / 1024.0
+    );
+    Ok(())
+}
+
+/// Waits for `child`; whether it succeeded, and its peak resident memory in KiB.
+fn wait_with_rss(child: Child) -> Result<(bool, u64)> {
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is valid; wait4 fills it for our own child's pid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: `status` and `usage` are valid for writes during the call.
+    let rc = unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) };
+    if rc != pid {
+        return Err(std::io::Error::last_os_error()).context("waiting for wsx check-config");
+    }
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Ok((ok, u64::try_from(usage.ru_maxrss).unwrap_or(0)))
 }
