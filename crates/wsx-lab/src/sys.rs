@@ -18,6 +18,17 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// `CLOCK_REALTIME` in nanoseconds: the clock of the kernel's receive timestamps.
+pub(crate) fn realtime_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_REALTIME always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
         Err(io::Error::last_os_error())
@@ -151,6 +162,8 @@ impl PacketSocket {
             fd: unsafe { OwnedFd::from_raw_fd(raw) },
         };
         sock.set_int(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
+        // Each frame's own arrival time, not the time its batch was read.
+        sock.set_int(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
         // Root may exceed rmem_max/wmem_max; large buffers absorb bursts while we sleep.
         let size = buffer_bytes.min(i32::MAX as usize) as libc::c_int;
         sock.set_int(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size)?;
@@ -218,6 +231,8 @@ impl AsRawFd for PacketSocket {
 pub(crate) struct MsgBatch {
     headers: Vec<libc::mmsghdr>,
     iovecs: Vec<libc::iovec>,
+    /// One control buffer per header, for the receive timestamp (aligned for `cmsghdr`).
+    controls: Vec<[u64; 8]>,
 }
 
 // SAFETY: the raw pointers inside are only scratch space refilled before every syscall.
@@ -242,6 +257,7 @@ impl MsgBatch {
         Self {
             headers: vec![header; capacity],
             iovecs: vec![iov; capacity],
+            controls: vec![[0; 8]; capacity],
         }
     }
 
@@ -266,7 +282,9 @@ impl MsgBatch {
     }
 
     /// Receives up to one frame into each buffer without blocking. Returns, per filled buffer in
-    /// order, the frame length and whether it was truncated. `Ok(0)` when nothing is waiting.
+    /// order, the frame length, whether it was truncated and, if the socket asked for them
+    /// (`SO_TIMESTAMPNS`), when the kernel received it (`CLOCK_REALTIME` ns). `Ok(0)` when
+    /// nothing is waiting.
     ///
     /// # Safety
     /// Every `(ptr, len)` must point to `len` writable bytes that stay valid during the call.
@@ -274,10 +292,14 @@ impl MsgBatch {
         &mut self,
         sock: &PacketSocket,
         bufs: &mut dyn Iterator<Item = (*mut u8, usize)>,
-        out: &mut Vec<(usize, bool)>,
+        out: &mut Vec<(usize, bool, Option<u64>)>,
     ) -> io::Result<usize> {
         out.clear();
         let n = self.prepare(bufs);
+        for (header, control) in self.headers[..n].iter_mut().zip(&mut self.controls) {
+            header.msg_hdr.msg_control = control.as_mut_ptr().cast();
+            header.msg_hdr.msg_controllen = size_of_val(control);
+        }
         // SAFETY: headers[..n] point at iovecs[..n], which point at caller-guaranteed buffers.
         let got = unsafe {
             libc::recvmmsg(
@@ -297,7 +319,11 @@ impl MsgBatch {
         }
         for header in &self.headers[..got as usize] {
             let truncated = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            out.push((header.msg_len as usize, truncated));
+            out.push((
+                header.msg_len as usize,
+                truncated,
+                received_at(&header.msg_hdr),
+            ));
         }
         Ok(got as usize)
     }
@@ -337,6 +363,26 @@ impl MsgBatch {
         }
         Ok(sent)
     }
+}
+
+/// The `SCM_TIMESTAMPNS` control message of a received `msg`, in ns, if it has one.
+fn received_at(msg: &libc::msghdr) -> Option<u64> {
+    // SAFETY: the kernel filled `msg_controllen` bytes of the control buffer with whole
+    // control messages; the CMSG macros stay within them and the timespec is read unaligned.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS
+            {
+                let ts = libc::CMSG_DATA(cmsg)
+                    .cast::<libc::timespec>()
+                    .read_unaligned();
+                return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            cmsg = libc::CMSG_NXTHDR(msg, cmsg);
+        }
+    }
+    None
 }
 
 /// An eventfd used to wake the emulator's loop from its control thread.

@@ -165,6 +165,48 @@ fn blast(lab: &Lab, ip_bytes: usize, offered_mbit: f64, seconds: f64) -> (u64, V
     (total, rx.join().unwrap())
 }
 
+/// The per-millisecond timeline counts every frame in the millisecond the kernel received
+/// it (not when the emulator read its batch): two bursts 30 ms apart land in two groups of
+/// milliseconds with the gap between them, every byte counted, every frame stamped.
+#[test]
+fn the_timeline_places_frames_when_they_arrived() {
+    let _serial = serial();
+    let lab = start_lab(
+        LinkParams::with_delay_ms(5.0),
+        LinkParams::with_delay_ms(5.0),
+    );
+    let sink = udp(&lab, Node::Server, addr::server(false));
+    let client = udp(&lab, Node::Client, addr::client(false));
+    warm_up(&client, &sink);
+    let target = sink.local_addr().unwrap();
+    let emulator = lab.emulator();
+    emulator.mark_timeline(Direction::AToB).unwrap();
+    let before = emulator.stats().unwrap().a_to_b;
+    // 1000-byte IP packets: 972 bytes of UDP payload.
+    let payload = [7u8; 972];
+    for burst in 0..2 {
+        if burst == 1 {
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        for _ in 0..50 {
+            client.send_to(&payload, target).unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let timeline = emulator.timeline(Direction::AToB).unwrap();
+    let stats = emulator.stats().unwrap().a_to_b.since(&before);
+    // The lab's own IPv6 housekeeping (a neighbour solicitation, 136 bytes) may pass too.
+    assert!(stats.rx_pkts >= 100, "{stats:?}");
+    assert_eq!(stats.unstamped, 0, "{stats:?}");
+    assert_eq!(timeline.iter().sum::<u64>(), stats.rx_bytes, "{timeline:?}");
+    let busy: Vec<usize> = (0..timeline.len())
+        .filter(|&ms| timeline[ms] >= 1000)
+        .collect();
+    let gap = busy.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    assert!((25..=60).contains(&gap), "busy milliseconds {busy:?}");
+    no_faults(&lab);
+}
+
 #[test]
 fn bottleneck_rate_is_within_two_percent() {
     let _serial = serial();

@@ -35,6 +35,10 @@ pub struct DirectionStats {
     /// process was not scheduled in time (a busy or shared host). Such packets arrive later than
     /// the configured delay says.
     pub released_late: u64,
+    /// Frames the kernel gave no receive timestamp (or an implausible one): the
+    /// per-millisecond timeline placed them at the time their batch was read instead.
+    #[serde(default)]
+    pub unstamped: u64,
     /// Packets let through, by how long they waited in the bottleneck queue: see
     /// [`queue_delay_bucket`]. Duplicates are not counted again.
     #[serde(default)]
@@ -92,6 +96,7 @@ impl DirectionStats {
             reordered: self.reordered - earlier.reordered,
             emulator_faults: self.emulator_faults - earlier.emulator_faults,
             released_late: self.released_late - earlier.released_late,
+            unstamped: self.unstamped - earlier.unstamped,
             queue_delay: std::array::from_fn(|i| self.queue_delay[i] - earlier.queue_delay[i]),
         }
     }
@@ -144,7 +149,7 @@ impl EmulatorStats {
 /// snapshot a few packets old.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    values: [AtomicU64; 12],
+    values: [AtomicU64; 13],
     queue_delay: [AtomicU64; QUEUE_DELAY_BUCKETS],
 }
 
@@ -162,6 +167,7 @@ pub(crate) enum Counter {
     Reordered,
     EmulatorFaults,
     ReleasedLate,
+    Unstamped,
 }
 
 impl Counters {
@@ -190,6 +196,7 @@ impl Counters {
             reordered: v(Counter::Reordered),
             emulator_faults: v(Counter::EmulatorFaults),
             released_late: v(Counter::ReleasedLate),
+            unstamped: v(Counter::Unstamped),
             queue_delay: std::array::from_fn(|i| self.queue_delay[i].load(Ordering::Relaxed)),
         }
     }
