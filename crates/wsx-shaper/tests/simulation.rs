@@ -189,6 +189,36 @@ fn flows_of_a_scenario_share_equally() {
     assert!(total >= 99e6, "{total}");
 }
 
+/// A hundred thousand greedy flows in one scenario at 10 Gbit/s (the appliance's scale):
+/// over two seconds every flow gets the same bytes give or take two turns, and the scenario
+/// stays at its rate in each half second.
+#[test]
+fn a_hundred_thousand_flows_stay_fair_and_bounded() {
+    let mut top = scenario("all", None);
+    top.max_rate = Some(Rate::MAX);
+    let mut sim = Sim::new(Rate::MAX, vec![top], 2 * MS, 17);
+    let flows: Vec<usize> = (0..100_000)
+        .map(|_| sim.source("all", Demand::Greedy, 0, END))
+        .collect();
+    sim.run(2 * SECOND);
+    let sent: Vec<u64> = flows.iter().map(|&f| sim.sources[f].sent()).collect();
+    let mean = sent.iter().sum::<u64>() as f64 / sent.len() as f64;
+    let (least, most) = (
+        *sent.iter().min().unwrap_or(&0),
+        *sent.iter().max().unwrap_or(&0),
+    );
+    assert!(
+        most - least <= 2 * GRANT as u64,
+        "least {least}, most {most}, mean {mean:.0}"
+    );
+    let target = Rate::MAX.bits_per_second() as f64;
+    for half in 0..4u64 {
+        let rate = sim.rate(&flows, half * SECOND / 2, (half + 1) * SECOND / 2);
+        let error = (rate - target).abs() / target;
+        assert!(error < 0.005, "half-second {half}: {rate} ({error:.4})");
+    }
+}
+
 /// Scenarios nested eight deep: maximums at every level hold for the whole subtree, and
 /// equal priorities share the excess equally at each level.
 #[test]
