@@ -15,6 +15,7 @@ mod chart;
 mod demo;
 mod emulator_cost;
 mod gateway;
+mod host;
 mod shaping;
 mod test;
 
@@ -42,14 +43,27 @@ enum Task {
     EmulatorCost(emulator_cost::CostArgs),
 }
 
-fn main() -> Result<()> {
-    match Cli::parse().task {
-        Task::Demo(args) => demo::run(&args),
-        Task::Bench(args) => bench::run(&args),
-        Task::Shaping(args) => shaping::run(&args),
+fn main() {
+    let result = match Cli::parse().task {
+        Task::Demo(args) => lab_task("demo").and_then(|()| demo::run(&args)),
+        Task::Bench(args) => lab_task("bench").and_then(|()| bench::run(&args)),
+        Task::Shaping(args) => lab_task("shaping").and_then(|()| shaping::run(&args)),
         Task::Test(args) => test::run(&args),
-        Task::EmulatorCost(args) => emulator_cost::run(&args),
+        Task::EmulatorCost(args) => {
+            lab_task("emulator-cost").and_then(|()| emulator_cost::run(&args))
+        }
+    };
+    if let Err(e) = result {
+        // One line that says what went wrong and, where it can, what to do.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
     }
+}
+
+/// What every task that builds a lab needs first: root, and the lab's programs.
+fn lab_task(task: &str) -> Result<()> {
+    host::require_root(task)?;
+    host::ensure(host::LAB)
 }
 
 /// The workspace root (xtask lives one level below it).

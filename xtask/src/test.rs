@@ -6,6 +6,7 @@
 //! environment under `target/tools`), removes leftovers of killed runs first, and fails if
 //! the run leaks namespaces.
 
+use crate::host;
 use anyhow::{Context, Result, bail};
 use std::process::Command;
 
@@ -16,33 +17,13 @@ pub(crate) struct TestArgs {
     cargo_args: Vec<String>,
 }
 
-/// Programs the lab needs and the Debian packages that provide them.
-const REQUIRED: [(&str, &str); 8] = [
-    ("ip", "iproute2"),
-    ("ethtool", "ethtool"),
-    ("nft", "nftables"),
-    ("sysctl", "procps"),
-    // The deployment test boots systemd in the gateways' namespaces.
-    ("systemctl", "systemd"),
-    ("nsenter", "util-linux"),
-    // The API test's schemathesis runs in a virtual environment.
-    ("python3", "python3-venv"),
-    // The SOCKS test's client.
-    ("curl", "curl"),
-];
-
 /// The schemathesis release the API test was written against.
 const SCHEMATHESIS: &str = "schemathesis==4.32.5";
 
 pub(crate) fn run(args: &TestArgs) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!(
-            "cargo xtask test runs end-to-end tests in network namespaces and needs root; \
-             run it as root (e.g. `sudo -E cargo xtask test`)"
-        );
-    }
-    install_missing_packages()?;
+    host::require_root("test")?;
+    host::ensure(host::LAB)?;
+    host::ensure(host::TESTS)?;
     let schemathesis = install_schemathesis()?;
     for ns in wsx_lab::clean(false)? {
         println!("removed leftover namespace {ns}");
@@ -93,37 +74,6 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     Ok(())
 }
 
-fn install_missing_packages() -> Result<()> {
-    let missing: Vec<&str> = REQUIRED
-        .iter()
-        .filter(|(tool, _)| !on_path(tool))
-        .map(|&(_, pkg)| pkg)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    install_packages(&missing)
-}
-
-fn install_packages(missing: &[&str]) -> Result<()> {
-    let command = format!("apt-get update && apt-get install -y {}", missing.join(" "));
-    if !on_path("apt-get") {
-        bail!(
-            "missing packages and no apt-get to install them; install: {}",
-            missing.join(" ")
-        );
-    }
-    println!("installing {}", missing.join(" "));
-    let status = Command::new("sh")
-        .args(["-c", &format!("DEBIAN_FRONTEND=noninteractive {command}")])
-        .status()
-        .context("running apt-get")?;
-    if !status.success() {
-        bail!("installing packages failed; run: {command}");
-    }
-    Ok(())
-}
-
 /// Installs schemathesis into `target/tools/schemathesis` unless it is there already, and
 /// returns the program's path.
 fn install_schemathesis() -> Result<std::path::PathBuf> {
@@ -145,7 +95,7 @@ fn install_schemathesis() -> Result<std::path::PathBuf> {
         .status()
         .is_ok_and(|s| s.success());
     if !has_venv {
-        install_packages(&["python3-venv"])?;
+        host::install_packages(&["python3-venv"])?;
     }
     println!("installing {SCHEMATHESIS} into {}", venv.display());
     let status = Command::new("python3")
@@ -169,11 +119,4 @@ fn install_schemathesis() -> Result<std::path::PathBuf> {
         bail!("pip install {SCHEMATHESIS} failed");
     }
     Ok(program)
-}
-
-fn on_path(tool: &str) -> bool {
-    let dirs = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&dirs)
-        .chain(["/usr/sbin".into(), "/sbin".into()])
-        .any(|d| d.join(tool).is_file())
 }
