@@ -25,7 +25,9 @@ pub struct GatewayConfig {
     /// replies is installed all the same.
     pub intercept: Option<InterceptConfig>,
     /// Re-originate inbound sessions from the client's own address, so the server sees the
-    /// real client (needs the server's replies to route through this gateway).
+    /// real client (needs the server's replies to route through this gateway, and a rule to
+    /// bring them to its sockets). Off in [`GatewayConfig::new`]; the daemon turns it on by
+    /// default where it intercepts.
     pub transparent_origin: bool,
     pub peers: Vec<PeerConfig>,
     /// Explicit entry points: plain listeners whose connections go to a fixed destination
@@ -98,7 +100,7 @@ impl GatewayConfig {
             tunnel_listen,
             transport: TransportConfig::default(),
             intercept: None,
-            transparent_origin: true,
+            transparent_origin: false,
             peers: Vec::new(),
             forwards: Vec::new(),
             socks: Vec::new(),

@@ -78,8 +78,30 @@ fn run(cli: Cli) -> Result<()> {
             let loaded = config::Loaded::read(&file)?;
             let gateway = loaded.gateway()?;
             let api = loaded.api()?;
+            // What starting it will install, so that no privilege comes as a surprise.
+            let rules = match (&gateway.intercept, gateway.transparent_origin) {
+                (Some(i), _) => format!(
+                    "nftables table {} (TPROXY on {}, and the route for replies) and policy \
+                     routing (mark {:#x}, table {}): needs CAP_NET_ADMIN",
+                    wsx_proxy::rules::TABLE,
+                    if i.interfaces.is_empty() {
+                        "every interface".to_string()
+                    } else {
+                        i.interfaces.join(", ")
+                    },
+                    i.mark,
+                    i.route_table
+                ),
+                (None, true) => format!(
+                    "nftables table {} (the route for the servers' replies to transparent \
+                     origin) and policy routing: needs CAP_NET_ADMIN",
+                    wsx_proxy::rules::TABLE
+                ),
+                (None, false) => "none".to_string(),
+            };
             println!(
-                "{}: ok ({} peer(s), interception {}, API {})",
+                "{}: ok ({} peer(s), interception {}, transparent origin {}, {} forwarding and \
+                 {} SOCKS listener(s), shaper {}, API {})\nrules: {rules}",
                 file.display(),
                 gateway.peers.len(),
                 if gateway.intercept.is_some() {
@@ -87,6 +109,21 @@ fn run(cli: Cli) -> Result<()> {
                 } else {
                     "off"
                 },
+                if gateway.transparent_origin {
+                    "on"
+                } else {
+                    "off"
+                },
+                gateway.forwards.len(),
+                gateway.socks.len(),
+                gateway
+                    .shaping
+                    .as_ref()
+                    .map_or("off".to_string(), |s| format!(
+                        "on ({} scenario(s), {} filter(s))",
+                        s.scenarios.len(),
+                        s.filters.len()
+                    )),
                 api.map_or("off".to_string(), |a| format!("on {}", a.listen)),
             );
             Ok(())

@@ -77,6 +77,8 @@ struct Inner {
     /// Whether the configuration has a shaper: new sessions are classified and new
     /// tunnels served by it. Turned off, it goes on serving the flows it has, unlimited.
     shaping_on: AtomicBool,
+    /// The hint about `transparent_origin` was logged (once per run).
+    origin_hinted: AtomicBool,
 }
 
 /// The configured peers, by key, and the prefix table built from them.
@@ -138,6 +140,7 @@ impl Gateway {
             sessions_tracker: TaskTracker::new(),
             shaper: Mutex::new(None),
             shaping_on: AtomicBool::new(false),
+            origin_hinted: AtomicBool::new(false),
         });
         if let Some(c) = &config.shaping {
             inner.shaping_on_with(c)?;

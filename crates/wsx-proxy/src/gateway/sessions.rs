@@ -327,6 +327,16 @@ impl Inner {
         );
         let span = info_span!("session", id = session.id, %client, %destination, entry = %Entry::Tunnel, route = "inbound", %peer);
         async {
+            if meta.transparent
+                && !config.transparent_origin
+                && !self.origin_hinted.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                info!(
+                    "the peer intercepted this session transparently; it is re-originated from \
+                     this gateway's address (set sessions.transparent_origin = true for the \
+                     server to see the client's, if its replies route through this gateway)"
+                );
+            }
             let from = (config.transparent_origin && meta.transparent).then_some(client.0.ip());
             let connect = sys::connect_target(from, &destination, config.sessions.connect_timeout);
             let connected = tokio::select! {

@@ -88,7 +88,9 @@ pub(crate) struct Intercept {
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct Sessions {
-    pub(crate) transparent_origin: bool,
+    /// Unset: on when this gateway intercepts (`[intercept]`), off otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) transparent_origin: Option<bool>,
     pub(crate) max_sessions: usize,
     pub(crate) relay_buffer_kib: usize,
     #[serde(with = "humantime_serde")]
@@ -108,7 +110,7 @@ impl Default for Sessions {
     fn default() -> Self {
         let d = SessionConfig::default();
         Self {
-            transparent_origin: true,
+            transparent_origin: None,
             max_sessions: d.max_sessions,
             relay_buffer_kib: d.relay_buffer / 1024,
             connect_timeout: d.connect_timeout,
@@ -435,6 +437,28 @@ impl Loaded {
         })
     }
 
+    /// The byte offset of the value at `path` in the file (`["api", "token_file"]`; a
+    /// number steps into an array of tables, `["filter", "0"]`), for errors found after
+    /// parsing about a field that carries no position of its own. Only errors pay for it.
+    fn locate(&self, path: &[&str]) -> Option<usize> {
+        let document = toml_edit::ImDocument::parse(self.text.as_str()).ok()?;
+        let mut item: &toml_edit::Item = document.as_item();
+        for step in path {
+            item = match (step.parse::<usize>(), item) {
+                (Ok(i), toml_edit::Item::ArrayOfTables(tables)) => {
+                    return tables.get(i)?.span().map(|s| s.start);
+                }
+                _ => item.get(step)?,
+            };
+        }
+        item.span().map(|s| s.start)
+    }
+
+    /// [`Loaded::error`] at the value at `path`, if the file has it.
+    fn error_at(&self, path: &[&str], message: impl fmt::Display) -> anyhow::Error {
+        self.error(self.locate(path), path.join("."), message)
+    }
+
     /// The API's settings, if the file has an `[api]` table.
     pub(crate) fn api(&self) -> Result<Option<ApiConfig>> {
         let Some(a) = &self.config.api else {
@@ -452,9 +476,8 @@ impl Loaded {
         }
         if let Some(file) = &a.token_file {
             let text = std::fs::read_to_string(file).map_err(|e| {
-                self.error(
-                    None,
-                    "api.token_file",
+                self.error_at(
+                    &["api", "token_file"],
                     format!("reading {}: {e}", file.display()),
                 )
             })?;
@@ -463,9 +486,8 @@ impl Loaded {
                     continue;
                 }
                 if line.len() < MIN_TOKEN_LEN {
-                    return Err(self.error(
-                        None,
-                        "api.token_file",
+                    return Err(self.error_at(
+                        &["api", "token_file"],
                         format!(
                             "{}: a token must have at least {MIN_TOKEN_LEN} characters",
                             file.display()
@@ -484,7 +506,16 @@ impl Loaded {
             }),
             (None, None) => None,
             _ => {
-                return Err(self.error(None, "api", "give both tls_cert and tls_key, or neither"));
+                let given = if a.tls_cert.is_some() {
+                    "tls_cert"
+                } else {
+                    "tls_key"
+                };
+                return Err(self.error(
+                    self.locate(&["api", given]),
+                    "api",
+                    "give both tls_cert and tls_key, or neither",
+                ));
             }
         };
         Ok(Some(api))
@@ -497,16 +528,14 @@ impl Loaded {
             (Some(key), None) => key.get_ref().0.clone(),
             (None, Some(file)) => {
                 let text = std::fs::read_to_string(file).map_err(|e| {
-                    self.error(
-                        None,
-                        "tunnel.private_key_file",
+                    self.error_at(
+                        &["tunnel", "private_key_file"],
                         format!("reading {}: {e}", file.display()),
                     )
                 })?;
                 text.parse().map_err(|e| {
-                    self.error(
-                        None,
-                        "tunnel.private_key_file",
+                    self.error_at(
+                        &["tunnel", "private_key_file"],
                         format!("{}: not a private key: {e}", file.display()),
                     )
                 })?
@@ -519,8 +548,9 @@ impl Loaded {
                 ));
             }
             (None, None) => {
+                // At the [tunnel] table if there is one.
                 return Err(self.error(
-                    None,
+                    self.locate(&["tunnel"]),
                     "tunnel",
                     "private_key or private_key_file is required",
                 ));
@@ -529,15 +559,16 @@ impl Loaded {
         let mut gateway = GatewayConfig::new(secret, c.tunnel.listen);
         if let Some(mbit) = c.tunnel.max_rate_mbit {
             if !(mbit > 0.0 && mbit.is_finite()) {
-                return Err(self.error(None, "tunnel.max_rate_mbit", "must be a positive number"));
+                return Err(
+                    self.error_at(&["tunnel", "max_rate_mbit"], "must be a positive number")
+                );
             }
             gateway.transport.max_rate = Some((mbit * 1e6 / 8.0) as u64);
         }
         if let Some(size) = c.tunnel.max_datagram {
             if !(MIN_DATAGRAM..=MAX_DATAGRAM).contains(&size) {
-                return Err(self.error(
-                    None,
-                    "tunnel.max_datagram",
+                return Err(self.error_at(
+                    &["tunnel", "max_datagram"],
                     format!("must be {MIN_DATAGRAM} to {MAX_DATAGRAM} bytes"),
                 ));
             }
@@ -553,26 +584,32 @@ impl Loaded {
             intercept
         });
         if let Some(i) = &c.intercept {
-            if i.port == 0 || i.mark == 0 || i.route_table == 0 {
-                return Err(self.error(
-                    None,
-                    "intercept",
-                    "port, mark and route_table must be non-zero",
-                ));
+            let zero = [
+                ("port", i.port == 0),
+                ("mark", i.mark == 0),
+                ("route_table", i.route_table == 0),
+            ]
+            .into_iter()
+            .find_map(|(field, zero)| zero.then_some(field));
+            if let Some(field) = zero {
+                return Err(self.error_at(&["intercept", field], "must be non-zero"));
             }
         }
         let s = &c.sessions;
         if s.max_sessions == 0 || s.relay_buffer_kib == 0 {
-            return Err(self.error(
-                None,
-                "sessions",
-                "max_sessions and relay_buffer_kib must be non-zero",
-            ));
+            let zero = if s.max_sessions == 0 {
+                "max_sessions"
+            } else {
+                "relay_buffer_kib"
+            };
+            return Err(self.error_at(&["sessions", zero], "must be non-zero"));
         }
         if s.health_timeout < Duration::from_millis(200) {
-            return Err(self.error(None, "sessions.health_timeout", "at least 200ms"));
+            return Err(self.error_at(&["sessions", "health_timeout"], "at least 200ms"));
         }
-        gateway.transparent_origin = s.transparent_origin;
+        // Rules and privileges only where asked for: a gateway that intercepts (and so
+        // has them anyway) or one told to.
+        gateway.transparent_origin = s.transparent_origin.unwrap_or(gateway.intercept.is_some());
         let mut sessions = SessionConfig::default();
         sessions.max_sessions = s.max_sessions;
         sessions.relay_buffer = s.relay_buffer_kib * 1024;
@@ -739,7 +776,7 @@ impl Loaded {
                     format!("\"{peer}\" is not a peer's name"),
                 )
             }
-            other => self.error(None, "peer", other),
+            other => self.error(self.locate(&["peer", "0"]), "peer", other),
         }
     }
 }
@@ -771,8 +808,19 @@ mod tests {
         let c = parse(&format!("[tunnel]\nprivate_key = \"{KEY_A}\"\n")).unwrap();
         assert_eq!(c.tunnel_listen, "[::]:4500".parse().unwrap());
         assert!(c.intercept.is_none());
-        assert!(c.transparent_origin);
+        // Nothing intercepts, nothing asks for it: no rules, no privileges.
+        assert!(!c.transparent_origin);
         assert_eq!(c.sessions, SessionConfig::default());
+        let c = parse(&format!(
+            "[tunnel]\nprivate_key = \"{KEY_A}\"\n[intercept]\n"
+        ))
+        .unwrap();
+        assert!(c.transparent_origin, "on by default where it intercepts");
+        let c = parse(&format!(
+            "[tunnel]\nprivate_key = \"{KEY_A}\"\n[sessions]\ntransparent_origin = true\n"
+        ))
+        .unwrap();
+        assert!(c.transparent_origin, "asked for without interception");
     }
 
     #[test]
@@ -1033,7 +1081,65 @@ fec = "off"
             .to_string();
         assert_eq!(
             e,
-            "wsx.toml: api: give both tls_cert and tls_key, or neither"
+            "wsx.toml:4:12: api: give both tls_cert and tls_key, or neither"
+        );
+        let e = loaded("token_file = \"/nonexistent/api.token\"")
+            .api()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("wsx.toml:4:14: api.token_file: reading /nonexistent/api.token"),
+            "{e}"
+        );
+    }
+
+    /// Every check made after parsing points at the value it is about.
+    #[test]
+    fn errors_found_after_parsing_name_line_and_column() {
+        // After "[tunnel]\nprivate_key = ...\n": the table of each case starts on line 3.
+        let cases = [
+            (
+                "[sessions]\nhealth_timeout = \"10ms\"\n",
+                "wsx.toml:4:18: sessions.health_timeout:",
+            ),
+            (
+                "[sessions]\nmax_sessions = 0\n",
+                "wsx.toml:4:16: sessions.max_sessions:",
+            ),
+            (
+                "[intercept]\nmark = 0\n",
+                "wsx.toml:4:8: intercept.mark: must be non-zero",
+            ),
+            (
+                "[[filter]]\nscenario = \"x\"\n",
+                "wsx.toml:3:1: filter[0]: filters need a [shaper] table",
+            ),
+        ];
+        for (extra, expected) in cases {
+            let text = format!("[tunnel]\nprivate_key = \"{KEY_A}\"\n{extra}");
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.starts_with(expected), "{text}\n{e}");
+        }
+        for (field, expected) in [
+            (
+                "max_datagram = 900",
+                "wsx.toml:2:16: tunnel.max_datagram: must be",
+            ),
+            (
+                "max_rate_mbit = -1.0",
+                "wsx.toml:2:17: tunnel.max_rate_mbit:",
+            ),
+        ] {
+            let text = format!("[tunnel]\n{field}\nprivate_key = \"{KEY_A}\"\n");
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.starts_with(expected), "{text}\n{e}");
+        }
+        let e = parse("[tunnel]\nlisten = \"[::]:4500\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("wsx.toml:1:1: tunnel: private_key or private_key_file is required"),
+            "{e}"
         );
     }
 

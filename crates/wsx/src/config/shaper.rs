@@ -174,7 +174,11 @@ impl Loaded {
                 ));
             }
             if !c.filters.is_empty() {
-                return Err(self.error(None, "filter", "filters need a [shaper] table"));
+                return Err(self.error(
+                    self.locate(&["filter", "0"]),
+                    "filter[0]",
+                    "filters need a [shaper] table",
+                ));
             }
             return Ok(None);
         };
@@ -199,7 +203,8 @@ impl Loaded {
         match e {
             ShapingError::Tree(e) => {
                 let Some(s) = c.scenarios.get(e.index) else {
-                    return self.error(None, "scenario", &e.reason);
+                    // About the tree as a whole (too many scenarios): at the first one.
+                    return self.error(self.locate(&["scenario", "0"]), "scenario", &e.reason);
                 };
                 let span = |f: Option<usize>| f.or(Some(s.name.span().start));
                 let rate = |r: &Option<Spanned<RateText>>| r.as_ref().map(|r| r.span().start);
@@ -226,7 +231,7 @@ impl Loaded {
             }
             ShapingError::Filter(e) => {
                 let Some(f) = c.filters.get(e.index) else {
-                    return self.error(None, "filter", &e.reason);
+                    return self.error(self.locate(&["filter", "0"]), "filter", &e.reason);
                 };
                 let start = |s: &Option<Spanned<Vec<_>>>| s.as_ref().map(|s| s.span().start);
                 let (field, at) = match e.field {
