@@ -61,6 +61,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run) {
+        // The Rust runtime ignores SIGPIPE, so printing into a closed pipe (`wsx sessions |
+        // head`) panics. A command-line tool should end quietly there, as the shell's own
+        // do; the daemon keeps ignoring it (a closed socket is an error it handles).
+        // SAFETY: setting a signal's disposition to its default before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
