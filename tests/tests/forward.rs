@@ -109,6 +109,49 @@ fn forwarding_listeners_carry_sessions_to_addresses_and_names_without_privileges
         .unwrap();
     client.write_all(b"x").unwrap();
     assert_eq!(accepted.join().unwrap(), IpAddr::from(addr::GWB_LAN_V4));
+
+    // The peer bypassed (forced, by a reload): "localhost" means gw-b's own loopback, which
+    // gw-a cannot reach; the session is refused rather than sent to gw-a's own loopback,
+    // where a service on the same port waits in vain.
+    let port = local_addr.port();
+    let decoy = lab
+        .run_in(Node::GwA, move || {
+            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        })
+        .unwrap()
+        .unwrap();
+    decoy.set_nonblocking(true).unwrap();
+    let reloads = gw_a.count("configuration reloaded");
+    let text = std::fs::read_to_string(&gw_a.config).unwrap();
+    let forced = text.replace(
+        "name = \"gw-b\"\n",
+        "name = \"gw-b\"\nforce_bypass = true\n",
+    );
+    assert_ne!(forced, text);
+    std::fs::write(&gw_a.config, forced).unwrap();
+    gw_a.signal(libc::SIGHUP);
+    gw_a.wait_for_count(
+        "configuration reloaded",
+        reloads + 1,
+        Duration::from_secs(10),
+    );
+    let by_name = entries[2].1;
+    let refused = lab
+        .run_in(Node::Client, move || {
+            let mut c = TcpStream::connect(by_name)?;
+            c.set_read_timeout(Some(Duration::from_secs(10)))?;
+            c.read(&mut [0u8; 1])
+        })
+        .unwrap();
+    assert!(
+        matches!(&refused, Ok(0))
+            || refused
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{refused:?}"
+    );
+    gw_a.wait_for("cannot be reached from here", Duration::from_secs(5));
+    assert!(decoy.accept().is_err(), "gw-a's own loopback was reached");
 }
 
 /// Serves `body` over HTTP/1.1 to `count` requests on `listener` (one per connection).

@@ -15,6 +15,29 @@
 //! codec; tests pass anything), so every branch is tested without a network.
 
 use crate::peers::FailurePolicy;
+use std::net::IpAddr;
+use wsx_tunnel::Target;
+
+/// Whether `target`, named by a forwarding listener or a SOCKS client, means a host only
+/// the far gateway can reach by that name: a loopback, link-local or unspecified address,
+/// or `localhost`. Such a session is never relayed directly from here (a bypass, or a
+/// scenario that relays directly): this gateway would reach itself, or a neighbour of its
+/// own, instead of the host meant. It is refused when the tunnel cannot carry it.
+pub(crate) fn far_side_only(target: &Target) -> bool {
+    match target {
+        Target::Addr(addr) => match addr.ip() {
+            IpAddr::V4(ip) => ip.is_loopback() || ip.is_link_local() || ip.is_unspecified(),
+            IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+                Some(v4) => v4.is_loopback() || v4.is_link_local() || v4.is_unspecified(),
+                None => ip.is_loopback() || ip.is_unicast_link_local() || ip.is_unspecified(),
+            },
+        },
+        Target::Name { host, .. } => {
+            let host = host.trim_end_matches('.').to_ascii_lowercase();
+            host == "localhost" || host.ends_with(".localhost")
+        }
+    }
+}
 
 /// A peer as routing sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +142,37 @@ pub(crate) fn decide<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_only_the_far_side_means_are_recognised() {
+        let addr = |a: &str| Target::Addr(a.parse().unwrap_or_else(|e| panic!("{a}: {e}")));
+        let name = |h: &str| Target::Name {
+            host: h.into(),
+            port: 80,
+        };
+        for local in [
+            addr("127.0.0.1:5201"),
+            addr("127.8.0.1:80"),
+            addr("[::1]:80"),
+            addr("[::ffff:127.0.0.1]:80"),
+            addr("169.254.1.1:80"),
+            addr("[fe80::1]:80"),
+            addr("0.0.0.0:80"),
+            name("localhost"),
+            name("LOCALHOST."),
+            name("db.localhost"),
+        ] {
+            assert!(far_side_only(&local), "{local:?}");
+        }
+        for remote in [
+            addr("10.71.2.2:5201"),
+            addr("[fd00::1]:80"),
+            name("intranet.site-b"),
+            name("localhost.example.com"),
+        ] {
+            assert!(!far_side_only(&remote), "{remote:?}");
+        }
+    }
 
     /// A healthy peer whose tunnel is `tunnel`.
     fn up(name: &str, tunnel: u32) -> Candidate<u32> {

@@ -67,16 +67,24 @@ impl Inner {
             return;
         }
         let to = (&destination, &selector, transparent);
+        // A destination only the far side can mean is never relayed from here.
+        let far_only = !transparent && routing::far_side_only(&destination);
         let carrier = match class {
             // The scenario relays it directly, whatever the peers.
-            Some(c) if matches!(c.mode, Mode::Aggregate | Mode::Fixed) => {
+            Some(c) if matches!(c.mode, Mode::Aggregate | Mode::Fixed) && !far_only => {
                 let peer = self.peer_name(&selector);
                 Ok(Carrier {
                     route: Route::Direct,
                     ..Carrier::direct(peer)
                 })
             }
-            _ => self.route(client, to, permit.is_some(), class),
+            _ => match self.route(client, to, permit.is_some(), class) {
+                Ok(c) if c.stream.is_none() && far_only => {
+                    info!(%client, %destination, "the far side's own address cannot be reached from here; refused while the tunnel cannot carry it");
+                    Err(c.peer.unwrap_or_default())
+                }
+                other => other,
+            },
         };
         let Carrier {
             peer,
