@@ -78,7 +78,14 @@ pub struct Endpoint {
     timestamps: HashMap<PublicKey, u64>,
     hints: HashMap<PublicKey, PathHint>,
     stats: EndpointStats,
+    /// When ignored initiations were last logged, and how many were ignored since.
+    rejections_logged: Option<Instant>,
+    rejections_unlogged: u64,
 }
+
+/// Ignored initiations are logged at most this often (with the count in between): a
+/// misconfigured peer retries every second, a scan may send many.
+const REJECTION_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Endpoint {
     pub fn new(config: EndpointConfig) -> Self {
@@ -94,6 +101,8 @@ impl Endpoint {
             timestamps: HashMap::new(),
             hints: HashMap::new(),
             stats: EndpointStats::default(),
+            rejections_logged: None,
+            rejections_unlogged: 0,
         }
     }
 
@@ -210,23 +219,52 @@ impl Endpoint {
         }
     }
 
+    /// Says, at info and at most once per [`REJECTION_LOG_EVERY`], why an initiation from
+    /// `from` was ignored: it came from a key that is not a configured peer's (`peer`), or
+    /// it could not be read with this gateway's key (the sender has another public key for
+    /// this gateway, or it is not a wsx peer at all).
+    fn note_rejection(&mut self, now: Instant, from: SocketAddr, peer: Option<&PublicKey>) {
+        if self
+            .rejections_logged
+            .is_some_and(|at| now.saturating_duration_since(at) < REJECTION_LOG_EVERY)
+        {
+            self.rejections_unlogged += 1;
+            return;
+        }
+        let others = std::mem::take(&mut self.rejections_unlogged);
+        self.rejections_logged = Some(now);
+        match peer {
+            Some(peer) => tracing::info!(
+                %from, %peer, ignored_since_last = others,
+                "handshake initiation from a key that is not one of this gateway's peers: ignored \
+                 (add it as a [[peer]] public_key, or check the key the other side uses)"
+            ),
+            None => tracing::info!(
+                %from, ignored_since_last = others,
+                "handshake initiation that this gateway's key cannot read: ignored (does the \
+                 other side have this gateway's current public key?)"
+            ),
+        }
+    }
+
     /// Answers an initiation from a configured peer that is newer than the last one it
     /// sent; the handshake itself (Noise, parameters, padding) is `connection::Incoming`'s.
     fn accept(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) -> Option<DatagramEvent> {
         let incoming = match Incoming::read(&self.config.secret, datagram) {
             Ok(incoming) => incoming,
             Err(e) => {
+                self.stats.handshakes_rejected += 1;
                 if let Rejected::Handshake(e) = &e {
                     tracing::trace!(%from, error = %e, "initiation rejected");
+                    self.note_rejection(now, from, None);
                 }
-                self.stats.handshakes_rejected += 1;
                 return None;
             }
         };
         let peer = incoming.peer;
         if !self.config.peers.contains(&peer) {
-            tracing::debug!(%from, %peer, "initiation from an unknown key");
             self.stats.handshakes_rejected += 1;
+            self.note_rejection(now, from, Some(&peer));
             return None;
         }
         if self

@@ -161,6 +161,90 @@ fn bad_handshakes_get_no_answer() {
     ));
 }
 
+/// Where the log goes in [`ignored_initiations_are_logged_sparingly`].
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An operator whose peer is misconfigured learns why at info, once per ten seconds with
+/// the count in between, not once per retry: initiations from a key that is not a peer's,
+/// and initiations made with another public key for this gateway.
+#[test]
+fn ignored_initiations_are_logged_sparingly() {
+    let t0 = crate::test_epoch();
+    let server_key = SecretKey::from_bytes([2; 32]);
+    let stranger = SecretKey::from_bytes([3; 32]);
+    let mut server = Endpoint::new(EndpointConfig::new(
+        server_key.clone(),
+        vec![SecretKey::from_bytes([1; 32]).public_key()],
+        1,
+    ));
+    let from = "[fd00::1]:4000".parse().expect("literal");
+    let to = "[fd00::2]:4000".parse().expect("literal");
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut initiation = |key: &SecretKey, server: &crate::PublicKey, second: u64| {
+        let mut client = Endpoint::new(EndpointConfig::new(key.clone(), vec![*server], 9));
+        let unix = Duration::from_secs(1_800_000_000 + second);
+        let (_, mut conn) = client.connect(t0, unix, to, *server).expect("peer");
+        let t = conn.poll_transmit(t0, &mut buf).expect("an initiation");
+        buf[..t.size].to_vec()
+    };
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        // A stranger retrying every second for three seconds, then once more 11 s later.
+        for second in 0..3 {
+            let datagram = initiation(&stranger, &server_key.public_key(), second);
+            let at = t0 + Duration::from_secs(second);
+            assert!(server.handle(at, from, &datagram).is_none());
+        }
+        let datagram = initiation(&stranger, &server_key.public_key(), 11);
+        assert!(
+            server
+                .handle(t0 + Duration::from_secs(13), from, &datagram)
+                .is_none()
+        );
+        // A peer that has another key for this gateway, 11 s after that.
+        let wrong = SecretKey::from_bytes([4; 32]).public_key();
+        let datagram = initiation(&SecretKey::from_bytes([1; 32]), &wrong, 30);
+        assert!(
+            server
+                .handle(t0 + Duration::from_secs(24), from, &datagram)
+                .is_none()
+        );
+    });
+    let log =
+        String::from_utf8_lossy(&captured.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 3, "{log}");
+    assert!(
+        lines[0].contains("not one of this gateway's peers"),
+        "{log}"
+    );
+    assert!(lines[0].contains("ignored_since_last=0"), "{log}");
+    assert!(lines[1].contains("ignored_since_last=2"), "{log}");
+    assert!(lines[2].contains("cannot read"), "{log}");
+    assert_eq!(server.stats().handshakes_rejected, 5);
+}
+
 /// A handshake response that arrives twice, or after the connection is established, changes
 /// nothing.
 #[test]
