@@ -177,6 +177,7 @@ impl Collector for GatewayCollector {
             "Sessions ended, by how",
             [
                 ("completed", totals.completed),
+                ("reset", totals.reset),
                 ("failed", totals.failed),
                 ("idle", totals.idle),
                 ("killed", totals.killed),

@@ -55,7 +55,8 @@ pub struct Totals {
     pub sessions_by_entry: BTreeMap<String, u64>,
     /// Sessions that ended: both directions finished.
     pub sessions_completed: u64,
-    /// Sessions reset: a side failed, idle timeout, killed, or shut down.
+    /// Sessions reset: an end (client or server) reset its connection, a side failed, idle
+    /// timeout, killed, or shut down.
     pub sessions_reset: u64,
     /// Connections refused: session limit, peer down with `on_failure = "reject"`, or the
     /// server could not be reached.
@@ -408,7 +409,7 @@ impl Totals {
                 .map(|(entry, n)| (entry.to_string(), *n))
                 .collect(),
             sessions_completed: t.completed,
-            sessions_reset: t.failed + t.idle + t.killed + t.shutdown,
+            sessions_reset: t.reset + t.failed + t.idle + t.killed + t.shutdown,
             sessions_refused: t.refused_limit + t.refused_peer_down + t.connect_failed,
             bytes_from_clients: t.traffic.iter().map(|x| x.from_client).sum(),
             bytes_from_servers: t.traffic.iter().map(|x| x.from_server).sum(),

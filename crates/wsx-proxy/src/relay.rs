@@ -11,7 +11,9 @@
 //! - **Reset**: an error on either side (a client's RST, a stream reset by the far gateway
 //!   because the server refused or reset) aborts both: the TCP socket is closed with a RST,
 //!   the stream is reset with a code the far side logs. A client never mistakes an
-//!   abandoned transfer for a complete one.
+//!   abandoned transfer for a complete one. An end's own reset (many applications close
+//!   with a RST) is told apart from a failure: it travels as [`code::RESET`] and both
+//!   gateways log it as the session's end, not as an error.
 
 use crate::session::{Session, SessionState};
 use std::io;
@@ -44,6 +46,9 @@ pub mod code {
     pub const SHUTDOWN: u64 = 7;
     /// The stream carried no destination, or the gateway accepts no more sessions.
     pub const REJECTED: u64 = 8;
+    /// An end (the client, or the server) reset its connection, or closed it with data
+    /// still to read: its application's choice, passed on, not a failure of the relay.
+    pub const RESET: u64 = 9;
 
     /// A short name for logs.
     pub fn describe(code: u64) -> &'static str {
@@ -57,6 +62,7 @@ pub mod code {
             IDLE => "idle timeout",
             SHUTDOWN => "gateway shutdown",
             REJECTED => "rejected",
+            RESET => "reset by an end",
             _ => "unknown",
         }
     }
@@ -95,7 +101,10 @@ impl Side for Stream {
 pub(crate) enum Outcome {
     /// Both directions ended normally.
     Complete,
-    /// A side failed; both were aborted.
+    /// An end reset its connection (`by`: "client" or "server"; a reset the far gateway
+    /// passed on counts as its end's); both were aborted.
+    Reset { by: &'static str },
+    /// A side failed otherwise; both were aborted.
     Failed(io::Error),
     /// Nothing moved for the idle timeout; both were aborted.
     Idle,
@@ -122,17 +131,19 @@ pub(crate) async fn relay<C: Side, S: Side>(
             inner: &mut client,
             session,
             counters: [&session.from_client, &session.traffic.from_client],
+            side: "client",
         };
         let mut s = Counted {
             inner: &mut server,
             session,
             counters: [&session.from_server, &session.traffic.from_server],
+            side: "server",
         };
         let copy = tokio::io::copy_bidirectional_with_sizes(&mut c, &mut s, buffer, buffer);
         tokio::select! {
             result = copy => match result {
                 Ok(_) => Outcome::Complete,
-                Err(e) => Outcome::Failed(e),
+                Err(e) => classify(e),
             },
             () = idle(session, idle_timeout) => Outcome::Idle,
             outcome = stop => outcome,
@@ -140,6 +151,7 @@ pub(crate) async fn relay<C: Side, S: Side>(
     };
     let code = match &outcome {
         Outcome::Complete => return outcome,
+        Outcome::Reset { .. } => code::RESET,
         Outcome::Failed(_) | Outcome::Killed => code::ABORTED,
         Outcome::Idle => code::IDLE,
         Outcome::Shutdown => code::SHUTDOWN,
@@ -147,6 +159,43 @@ pub(crate) async fn relay<C: Side, S: Side>(
     client.abort(code);
     server.abort(code);
     outcome
+}
+
+/// An error of one side of a relay, with the side's name.
+#[derive(Debug, thiserror::Error)]
+#[error("{side}: {source}")]
+struct SideError {
+    side: &'static str,
+    source: io::Error,
+}
+
+/// How a relay that failed with `e` ended: an end's reset, or a failure.
+fn classify(e: io::Error) -> Outcome {
+    let Some(SideError { side, source }) = e.get_ref().and_then(|i| i.downcast_ref()) else {
+        return Outcome::Failed(e);
+    };
+    if reset_by_end(source) {
+        Outcome::Reset { by: side }
+    } else {
+        Outcome::Failed(e)
+    }
+}
+
+/// Whether `e` says that an end reset its connection: a TCP socket's reset or broken pipe
+/// (the peer closed with data unread, or aborted), or a stream the far gateway reset because
+/// its own end did ([`code::RESET`]). Any other stream reset is the far relay's failure.
+fn reset_by_end(e: &io::Error) -> bool {
+    match e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<wsx_tunnel::StreamError>())
+    {
+        Some(wsx_tunnel::StreamError::Reset(c)) => *c == code::RESET,
+        Some(_) => false,
+        None => matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+        ),
+    }
 }
 
 /// Completes once the session has been idle for `timeout`.
@@ -165,6 +214,19 @@ struct Counted<'a, T> {
     inner: &'a mut T,
     session: &'a Session,
     counters: [&'a AtomicU64; 2],
+    /// "client" or "server", for the errors it passes on.
+    side: &'static str,
+}
+
+impl<T> Counted<'_, T> {
+    /// `result`, its error tagged with this side.
+    fn tag<R>(&self, result: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        result.map_err(|source| {
+            let kind = source.kind();
+            let side = self.side;
+            io::Error::new(kind, SideError { side, source })
+        })
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Counted<'_, T> {
@@ -175,6 +237,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<'_, T> {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let result = Pin::new(&mut *self.inner).poll_read(cx, buf);
+        let result = self.tag(result);
         let n = buf.filled().len() - before;
         if n > 0 {
             for counter in self.counters {
@@ -195,14 +258,124 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<'_, T> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut *self.inner).poll_write(cx, data)
+        let result = Pin::new(&mut *self.inner).poll_write(cx, data);
+        self.tag(result)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.inner).poll_flush(cx)
+        let result = Pin::new(&mut *self.inner).poll_flush(cx);
+        self.tag(result)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.inner).poll_shutdown(cx)
+        let result = Pin::new(&mut *self.inner).poll_shutdown(cx);
+        self.tag(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addrs::ClientAddr;
+    use crate::session::{Entry, Route, Sessions};
+    use std::sync::Arc;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+    use tokio_util::sync::CancellationToken;
+    use wsx_tunnel::{StreamError, Target};
+
+    fn side_error(side: &'static str, source: io::Error) -> io::Error {
+        io::Error::new(source.kind(), SideError { side, source })
+    }
+
+    #[test]
+    fn an_end_s_reset_is_told_from_a_failure() {
+        let tcp_reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert!(matches!(
+            classify(side_error("server", tcp_reset)),
+            Outcome::Reset { by: "server" }
+        ));
+        let pipe = io::Error::from(io::ErrorKind::BrokenPipe);
+        assert!(matches!(
+            classify(side_error("client", pipe)),
+            Outcome::Reset { by: "client" }
+        ));
+        // The far gateway passed its end's reset on; or its relay failed.
+        let stream =
+            |code| io::Error::new(io::ErrorKind::ConnectionReset, StreamError::Reset(code));
+        assert!(matches!(
+            classify(side_error("server", stream(code::RESET))),
+            Outcome::Reset { by: "server" }
+        ));
+        assert!(matches!(
+            classify(side_error("server", stream(code::ABORTED))),
+            Outcome::Failed(_)
+        ));
+        let other = io::Error::new(io::ErrorKind::InvalidData, "bad chunk");
+        assert!(matches!(
+            classify(side_error("server", other)),
+            Outcome::Failed(_)
+        ));
+    }
+
+    /// A connected pair of loopback TCP sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (a, b) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (
+            a.unwrap_or_else(|e| panic!("{e}")),
+            b.unwrap_or_else(|e| panic!("{e}")).0,
+        )
+    }
+
+    /// A server that closes with a reset (as many do when they close with unread data):
+    /// the relay ends as the server's reset, and the client sees a reset too.
+    #[tokio::test]
+    async fn a_server_s_reset_ends_the_session_as_a_reset() {
+        let (mut app_client, client_side) = pair().await;
+        let (server_side, app_server) = pair().await;
+        let sessions = Arc::new(Sessions::default());
+        let guard = sessions.register(
+            Instant::now(),
+            ClientAddr("127.0.0.1:1".parse().unwrap_or_else(|e| panic!("{e}"))),
+            (
+                Target::Name {
+                    host: "test".into(),
+                    port: 1,
+                },
+                Entry::Intercepted,
+            ),
+            None,
+            Route::Bypass,
+            CancellationToken::new(),
+        );
+        let relayed = tokio::spawn(async move {
+            let idle = Duration::from_secs(30);
+            relay(
+                client_side,
+                server_side,
+                &guard,
+                4096,
+                idle,
+                std::future::pending(),
+            )
+            .await
+        });
+        app_client
+            .write_all(b"hello")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        crate::sys::abort(app_server);
+        let outcome = relayed.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(outcome, Outcome::Reset { by: "server" }),
+            "{outcome:?}"
+        );
+        let mut rest = Vec::new();
+        let read = tokio::io::AsyncReadExt::read_to_end(&mut app_client, &mut rest).await;
+        assert!(read.is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset));
     }
 }

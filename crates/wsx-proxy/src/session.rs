@@ -285,6 +285,8 @@ impl Sessions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ending {
     Completed,
+    /// The client or the server reset its connection (its application's choice).
+    Reset,
     Failed,
     Idle,
     Killed,
@@ -297,6 +299,11 @@ pub(crate) enum Ending {
     ConnectFailed,
     /// Refused by a discard scenario.
     Discarded,
+}
+
+impl Ending {
+    /// How many there are (the last is `Discarded`).
+    const COUNT: usize = Ending::Discarded as usize + 1;
 }
 
 /// Byte counters of the sessions of one peer and route.
@@ -314,7 +321,7 @@ pub(crate) struct Totals {
     /// them does not copy the table).
     opened: [AtomicU64; Route::ALL.len()],
     live: [AtomicU64; Route::ALL.len()],
-    endings: [AtomicU64; 9],
+    endings: [AtomicU64; Ending::COUNT],
     traffic: Mutex<HashMap<TrafficKey, Arc<Traffic>>>,
     /// Sessions opened by entry point (a handful: one per listener, plus interception and
     /// the tunnel), never shrinking.
@@ -391,6 +398,7 @@ impl Totals {
                 .map(|r| (r, self.live[r as usize].load(Ordering::Relaxed)))
                 .to_vec(),
             completed: ending(Ending::Completed),
+            reset: ending(Ending::Reset),
             failed: ending(Ending::Failed),
             idle: ending(Ending::Idle),
             killed: ending(Ending::Killed),
@@ -413,9 +421,11 @@ pub struct GatewayTotals {
     /// Sessions opened, and live now, by route.
     pub opened: Vec<(Route, u64)>,
     pub live: Vec<(Route, u64)>,
-    /// Sessions that ended: both directions finished, a side failed, idle, killed through
+    /// Sessions that ended: both directions finished, an end (client or server) reset its
+    /// connection, a side failed otherwise, idle, killed through
     /// [`Gateway::kill_session`](crate::Gateway::kill_session), aborted at shutdown.
     pub completed: u64,
+    pub reset: u64,
     pub failed: u64,
     pub idle: u64,
     pub killed: u64,

@@ -436,6 +436,7 @@ impl Inner {
     fn log_outcome(&self, session: &Session, outcome: Outcome) {
         self.sessions.totals.count(match outcome {
             Outcome::Complete => Ending::Completed,
+            Outcome::Reset { .. } => Ending::Reset,
             Outcome::Failed(_) => Ending::Failed,
             Outcome::Idle => Ending::Idle,
             Outcome::Killed => Ending::Killed,
@@ -509,8 +510,15 @@ fn log_outcome(session: &Session, outcome: Outcome) {
             ?age,
             "session closed"
         ),
+        // An end's own reset is how many applications close: said plainly, as an end.
+        Outcome::Reset { by } => info!(
+            bytes_from_client = up,
+            bytes_from_server = down,
+            ?age,
+            "session reset by the {by}"
+        ),
         Outcome::Failed(e) => {
-            info!(error = %e, bytes_from_client = up, bytes_from_server = down, ?age, "session reset")
+            warn!(error = %e, bytes_from_client = up, bytes_from_server = down, ?age, "session failed")
         }
         Outcome::Idle => info!(
             bytes_from_client = up,
