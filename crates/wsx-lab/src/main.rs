@@ -178,18 +178,40 @@ fn main() -> Result<()> {
                 wan.loss_pct,
                 wan.rate_mbit
             );
-            for node in Node::ALL {
+            use wsx_lab::addr::*;
+            // What an operator following the deployment guide needs: where to run each
+            // gateway, and the interfaces and addresses its configuration names.
+            let interfaces: [(Node, String); 5] = [
+                (
+                    Node::Client,
+                    format!("eth0 {CLIENT_V4}/24 {CLIENT_V6}/64, default via {GWA_LAN_V4}"),
+                ),
+                (
+                    Node::GwA,
+                    format!(
+                        "lan0 {GWA_LAN_V4}/24 {GWA_LAN_V6}/64 (LAN), wan0 {GWA_WAN_V4}/24 {GWA_WAN_V6}/64 (WAN)"
+                    ),
+                ),
+                (Node::Wan, "a0, b0: the emulator's bridge".to_string()),
+                (
+                    Node::GwB,
+                    format!(
+                        "lan0 {GWB_LAN_V4}/24 {GWB_LAN_V6}/64 (LAN), wan0 {GWB_WAN_V4}/24 {GWB_WAN_V6}/64 (WAN)"
+                    ),
+                ),
+                (
+                    Node::Server,
+                    format!("eth0 {SERVER_V4}/24 {SERVER_V6}/64, default via {GWB_LAN_V4}"),
+                ),
+            ];
+            for (node, addresses) in interfaces {
                 println!("  {:<7} ip netns exec {} ...", node.role(), lab.netns(node));
+                println!("          {addresses}");
             }
             println!(
-                "  client {} / {}",
-                wsx_lab::addr::CLIENT_V4,
-                wsx_lab::addr::CLIENT_V6
-            );
-            println!(
-                "  server {} / {}",
-                wsx_lab::addr::SERVER_V4,
-                wsx_lab::addr::SERVER_V6
+                "  the gateways: `ip netns exec NS wsx run --config FILE`, and the CLI the same \
+                 way (`ip netns exec NS wsx status --config FILE`); deploy/wsx.toml names these \
+                 interfaces and addresses"
             );
             println!(
                 "  emulator: wsx-lab stats --socket {}",
