@@ -57,8 +57,8 @@ fn get_json(lab: &Lab, path: &str) -> Value {
 /// Runs the CLI in gw-a's namespace against its API.
 fn cli(lab: &Lab, args: &[&str]) -> Output {
     lab.command(Node::GwA, wsx_e2e::wsx_binary())
-        .args(["--api", &format!("http://{API}"), "--token", TOKEN])
         .args(args)
+        .args(["--api", &format!("http://{API}"), "--token", TOKEN])
         .output()
         .unwrap()
 }

@@ -10,26 +10,24 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use wsx_api::model::{
     ConfigSummary, ConfigView, LogLevel, Peer, SessionPage, SessionPhase, SessionRoute, Shaper,
     Status,
 };
 
-/// Where the API is and how to authenticate.
-#[derive(Debug, Args)]
-pub(crate) struct Connection {
-    /// The configuration file whose `[api]` section gives the address and token.
-    #[arg(long, short, global = true, default_value = "/etc/wsx/wsx.toml")]
-    config: PathBuf,
-    /// The API's base URL, e.g. `http://127.0.0.1:9180`.
+/// Where the API is and how to authenticate, for the commands that ask a running gateway
+/// (its address and token come from the configuration's `[api]` table unless given here).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ApiOptions {
+    /// The API's base URL, e.g. `http://127.0.0.1:9180` [default: from the `[api]` table].
     #[arg(long, global = true, env = "WSX_API")]
     api: Option<String>,
-    /// A bearer token.
+    /// A bearer token [default: the `[api]` table's first].
     #[arg(long, global = true, env = "WSX_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// A PEM certificate to trust for an HTTPS API (by default the `[api]` section's
+    /// A PEM certificate to trust for an HTTPS API (by default the `[api]` table's
     /// `tls_cert`).
     #[arg(long, global = true, env = "WSX_CACERT")]
     cacert: Option<PathBuf>,
@@ -64,9 +62,15 @@ pub(crate) enum ConfigCommand {
 #[derive(Debug, Subcommand)]
 pub(crate) enum ApiCommand {
     /// Version, uptime, peers' health, sessions and totals.
-    Status,
+    Status {
+        #[command(flatten)]
+        options: ApiOptions,
+    },
     /// Peers and their tunnels.
-    Peers,
+    Peers {
+        #[command(flatten)]
+        options: ApiOptions,
+    },
     /// Live sessions.
     Sessions {
         /// Only sessions with this peer.
@@ -84,42 +88,79 @@ pub(crate) enum ApiCommand {
         /// Skip this many.
         #[arg(long, default_value_t = 0)]
         offset: u32,
+        #[command(flatten)]
+        options: ApiOptions,
     },
     /// Act on one session.
-    #[command(subcommand)]
-    Session(SessionCommand),
+    Session {
+        #[command(subcommand)]
+        command: SessionCommand,
+        #[command(flatten)]
+        options: ApiOptions,
+    },
     /// The shaper's scenarios with their live rates (measured over one second).
     Scenarios {
         /// Print again every second until interrupted.
         #[arg(long)]
         watch: bool,
+        #[command(flatten)]
+        options: ApiOptions,
     },
     /// The shaper's filters, in order, with the sessions each matched.
-    Filters,
+    Filters {
+        #[command(flatten)]
+        options: ApiOptions,
+    },
     /// Force new sessions toward a peer to go direct (on) or through the tunnel (off).
-    Bypass { state: OnOff, peer: String },
+    Bypass {
+        state: OnOff,
+        peer: String,
+        #[command(flatten)]
+        options: ApiOptions,
+    },
     /// The running configuration.
-    #[command(subcommand)]
-    Config(ConfigCommand),
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+        #[command(flatten)]
+        options: ApiOptions,
+    },
     /// Show the log filter, or set it (e.g. `debug`, `wsx_proxy=debug,info`).
-    LogLevel { filter: Option<String> },
+    LogLevel {
+        filter: Option<String>,
+        #[command(flatten)]
+        options: ApiOptions,
+    },
 }
 
-impl Connection {
-    pub(crate) fn config_path(&self) -> &std::path::Path {
-        &self.config
+impl ApiCommand {
+    fn options(&self) -> &ApiOptions {
+        match self {
+            ApiCommand::Status { options }
+            | ApiCommand::Peers { options }
+            | ApiCommand::Sessions { options, .. }
+            | ApiCommand::Session { options, .. }
+            | ApiCommand::Scenarios { options, .. }
+            | ApiCommand::Filters { options }
+            | ApiCommand::Bypass { options, .. }
+            | ApiCommand::Config { options, .. }
+            | ApiCommand::LogLevel { options, .. } => options,
+        }
     }
 }
 
-pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
-    let client = Client::new(&connection)?;
-    let json = connection.json;
+/// Runs `command` against the gateway whose configuration file is `config` (or the API
+/// its options name).
+pub(crate) fn run(command: ApiCommand, config: &Path) -> Result<()> {
+    let options = command.options().clone();
+    let client = Client::new(config, &options)?;
+    let json = options.json;
     match command {
-        ApiCommand::Status => {
+        ApiCommand::Status { .. } => {
             let (status, raw) = client.get::<Status>("/api/v1/status")?;
             print(json, &raw, || status_table(&status))
         }
-        ApiCommand::Peers => {
+        ApiCommand::Peers { .. } => {
             let (peers, raw) = client.get::<Vec<Peer>>("/api/v1/peers")?;
             print(json, &raw, || peers_table(&peers))
         }
@@ -129,6 +170,7 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
             address,
             limit,
             offset,
+            ..
         } => {
             let mut query = vec![format!("limit={limit}"), format!("offset={offset}")];
             for (key, value) in [("peer", peer), ("route", route), ("address", address)] {
@@ -140,7 +182,7 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
             let (page, raw) = client.get::<SessionPage>(&path)?;
             print(json, &raw, || sessions_table(&page))
         }
-        ApiCommand::Scenarios { watch } => {
+        ApiCommand::Scenarios { watch, .. } => {
             // A reading's rates cover the time since the previous one a second old: read,
             // wait a second, read again.
             client.get::<Shaper>("/api/v1/shaper")?;
@@ -153,18 +195,21 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
                 }
             }
         }
-        ApiCommand::Filters => {
+        ApiCommand::Filters { .. } => {
             let (shaper, raw) = client.get::<Shaper>("/api/v1/shaper")?;
             print(json, &raw, || filters_table(&shaper))
         }
-        ApiCommand::Session(SessionCommand::Kill { id }) => {
+        ApiCommand::Session {
+            command: SessionCommand::Kill { id },
+            ..
+        } => {
             client.send("DELETE", &format!("/api/v1/sessions/{id}"), None)?;
             if !json {
                 println!("session {id} reset");
             }
             Ok(())
         }
-        ApiCommand::Bypass { state, peer } => {
+        ApiCommand::Bypass { state, peer, .. } => {
             let force = matches!(state, OnOff::On);
             let body = serde_json::json!({ "force": force }).to_string();
             let path = format!("/api/v1/peers/{}/bypass", encode(&peer));
@@ -176,7 +221,10 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
                 )
             })
         }
-        ApiCommand::Config(ConfigCommand::Show) => {
+        ApiCommand::Config {
+            command: ConfigCommand::Show,
+            ..
+        } => {
             let (view, raw) = client.get::<ConfigView>("/api/v1/config")?;
             print(json, &raw, || {
                 println!("# {}", view.path);
@@ -186,7 +234,10 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
                 );
             })
         }
-        ApiCommand::Config(ConfigCommand::Check { file }) => {
+        ApiCommand::Config {
+            command: ConfigCommand::Check { file },
+            ..
+        } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let raw = client.send("POST", "/api/v1/config/check", Some(("text/plain", text)))?;
@@ -195,7 +246,10 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
                 println!("{}: ok ({} peer(s))", file.display(), summary.peers)
             })
         }
-        ApiCommand::Config(ConfigCommand::Apply { file }) => {
+        ApiCommand::Config {
+            command: ConfigCommand::Apply { file },
+            ..
+        } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let raw = client.send("PUT", "/api/v1/config", Some(("text/plain", text)))?;
@@ -208,12 +262,13 @@ pub(crate) fn run(command: ApiCommand, connection: Connection) -> Result<()> {
                 )
             })
         }
-        ApiCommand::LogLevel { filter: None } => {
+        ApiCommand::LogLevel { filter: None, .. } => {
             let (level, raw) = client.get::<LogLevel>("/api/v1/log-level")?;
             print(json, &raw, || println!("{}", level.filter))
         }
         ApiCommand::LogLevel {
             filter: Some(filter),
+            ..
         } => {
             let body = serde_json::json!({ "filter": filter }).to_string();
             let raw = client.send("PUT", "/api/v1/log-level", Some(("application/json", body)))?;
@@ -257,9 +312,9 @@ struct Client {
 }
 
 impl Client {
-    fn new(c: &Connection) -> Result<Self> {
+    fn new(config: &Path, c: &ApiOptions) -> Result<Self> {
         // The configuration file is optional when flags say everything.
-        let loaded = match Loaded::read(&c.config) {
+        let loaded = match Loaded::read(config) {
             Ok(loaded) => Some(loaded),
             Err(e) if c.api.is_some() && c.token.is_some() => {
                 let _ = e;
@@ -280,7 +335,7 @@ impl Client {
             }
             (None, None) => bail!(
                 "{} has no [api] section: give --api (or WSX_API)",
-                c.config.display()
+                config.display()
             ),
         };
         let token = c

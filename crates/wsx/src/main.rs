@@ -35,8 +35,10 @@ use wsx_tunnel::SecretKey;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    #[command(flatten)]
-    connection: cli::Connection,
+    /// The configuration file: what `run` serves and `cleanup` removes the rules of, and
+    /// where the commands that ask a running gateway find its API's address and token.
+    #[arg(long, short, global = true, default_value = "/etc/wsx/wsx.toml")]
+    config: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -78,7 +80,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let config = cli.connection.config_path().to_path_buf();
+    let config = cli.config.clone();
     match cli.command {
         Command::Run => daemon::run(&config),
         Command::CheckConfig { file } => {
@@ -164,7 +166,7 @@ fn run(cli: Cli) -> Result<()> {
             clap_complete::generate(shell, &mut Cli::command(), "wsx", &mut std::io::stdout());
             Ok(())
         }
-        Command::Api(command) => cli::run(command, cli.connection),
+        Command::Api(command) => cli::run(command, &config),
     }
 }
 
@@ -189,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn api_commands_take_the_global_options_anywhere() {
+    fn api_options_belong_to_the_commands_that_ask_a_gateway() {
         let cli = Cli::try_parse_from([
             "wsx",
             "sessions",
@@ -204,11 +206,23 @@ mod tests {
             cli.command,
             Command::Api(cli::ApiCommand::Sessions { .. })
         ));
+        // A nested command takes them after its own name too.
+        let cli = Cli::try_parse_from(["wsx", "session", "kill", "7", "--json"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            cli.command,
+            Command::Api(cli::ApiCommand::Session { .. })
+        ));
         let cli = Cli::try_parse_from(["wsx", "run", "--config", "/x.toml"])
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            cli.connection.config_path(),
-            std::path::Path::new("/x.toml")
-        );
+        assert_eq!(cli.config, std::path::Path::new("/x.toml"));
+        // `run` has no API client options, in its parsing or its help.
+        assert!(Cli::try_parse_from(["wsx", "run", "--json"]).is_err());
+        let mut command = Cli::command();
+        let run = command
+            .find_subcommand_mut("run")
+            .map(|r| r.render_long_help().to_string())
+            .unwrap_or_default();
+        assert!(!run.contains("--token") && !run.contains("--api"), "{run}");
     }
 }
