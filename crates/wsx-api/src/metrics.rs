@@ -294,7 +294,7 @@ impl Collector for GatewayCollector {
             }),
             (
                 "wsx_tunnel_packets_lost",
-                "Packets lost on the path (retransmitted or rebuilt by FEC)",
+                "Data packets lost on the path (retransmitted or rebuilt by FEC)",
                 |s| s.packets_lost,
             ),
             ("wsx_tunnel_bytes_sent", "UDP payload bytes sent", |s| {
@@ -336,7 +336,7 @@ impl Collector for GatewayCollector {
             ),
             (
                 "wsx_fec_unrecoverable_groups",
-                "FEC groups that lost more than their parity could rebuild",
+                "FEC groups of the peer's packets, received here, that lost more than their parity could rebuild",
                 |s| s.fec.unrecoverable_groups,
             ),
         ];

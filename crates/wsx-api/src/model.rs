@@ -101,11 +101,15 @@ pub struct Tunnel {
     /// ACKs): the denominator of `loss_ratio` and of the FEC overhead.
     pub data_packets_sent: u64,
     pub bytes_sent: u64,
+    /// Packets received, including those rebuilt from the peer's parity (parity packets are
+    /// counted in `fec.parity_received`).
     pub packets_received: u64,
     pub bytes_received: u64,
-    /// Packets the peer never received (retransmitted or rebuilt by FEC).
+    /// Data packets the peer never received (retransmitted or rebuilt by FEC): only data
+    /// packets are tracked for loss.
     pub packets_lost: u64,
-    /// `packets_lost / packets_sent`.
+    /// `packets_lost / data_packets_sent` (noisy where few data packets are sent: the
+    /// direction that mostly acknowledges).
     pub loss_ratio: f64,
     /// Datagrams dropped as forged or replayed.
     pub auth_failures: u64,
@@ -127,7 +131,8 @@ pub struct Fec {
     pub parity_received: u64,
     /// The peer's losses rebuilt here.
     pub recovered: u64,
-    /// Groups that lost more than their parity could rebuild.
+    /// Groups of the peer's packets, received here, that lost more than their parity could
+    /// rebuild.
     pub unrecoverable_groups: u64,
     /// Bytes held for rebuilding the peer's losses (copies of its protected packets, parity).
     pub decoder_bytes: u64,

@@ -16,8 +16,11 @@ pub struct ConnectionStats {
     /// Packets that carried only an ACK: the reverse-path cost of reliability.
     pub ack_only_sent: u64,
     pub acks_sent: u64,
+    /// Packets received and authenticated, and those rebuilt from the peer's parity (parity
+    /// packets themselves are `fec.parity_received`; the handshake is the endpoint's).
     pub packets_received: u64,
     pub bytes_received: u64,
+    /// Ack-eliciting packets declared lost (only they are tracked), and their bytes.
     pub packets_lost: u64,
     pub bytes_lost: u64,
     pub stream_bytes_sent: u64,

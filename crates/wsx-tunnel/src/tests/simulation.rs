@@ -900,3 +900,48 @@ fn two_tunnels_share_a_bottleneck() {
     assert!(jain >= 0.95, "Jain {jain:.3} over 40-45 s: {late:?}");
     assert!(u >= 0.93, "utilization {u:.3} over 40-45 s");
 }
+
+/// The connection's counters count what their names say, checked against the simulated
+/// links' own counts at 1 % loss each way: every packet and byte sent (data, ACK-only,
+/// parity and the handshake), what arrived, and no more losses declared than the links
+/// dropped, in the busy direction and the one that mostly acknowledges.
+#[test]
+fn the_counters_agree_with_the_links() {
+    let link = LinkConfig::new(RTT, 100).with_loss(0.01);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 31);
+    pair.connect();
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 10_000_000);
+    transfers.run(&mut pair, Duration::from_secs(60));
+    transfers.verify();
+    for (side, direction) in [(0usize, 0usize), (1, 1)] {
+        let s = pair.sides[side].connection().stats();
+        let out = pair.link_stats(direction);
+        let back = pair.link_stats(1 - direction);
+        assert_eq!(s.packets_sent, out.sent, "side {side}");
+        assert_eq!(s.bytes_sent, out.sent_bytes, "side {side}");
+        // One handshake packet (the initiation or the response) besides these.
+        assert_eq!(
+            s.eliciting_sent + s.ack_only_sent + s.fec.parity_sent + 1,
+            s.packets_sent,
+            "side {side}: {s:?}"
+        );
+        // Received: the packets that arrived and those rebuilt from parity; parity packets
+        // are counted apart, and the handshake packet is the endpoint's.
+        assert_eq!(
+            s.packets_received - s.fec.recovered
+                + s.fec.parity_received
+                + s.replays
+                + s.auth_failures
+                + 1,
+            back.delivered,
+            "side {side}: {s:?}"
+        );
+        let dropped = out.dropped_loss + out.dropped_queue;
+        assert!(
+            s.packets_lost <= dropped,
+            "side {side}: {} > {dropped}",
+            s.packets_lost
+        );
+    }
+}
