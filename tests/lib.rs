@@ -71,6 +71,24 @@ impl Daemon {
         Self::spawn(node, path, command)
     }
 
+    /// Writes `config` into `dir` and starts the daemon with at most `descriptors` open
+    /// files (soft and hard: it cannot raise them), as a host with a low limit would.
+    pub fn start_with_descriptor_limit(
+        lab: &Lab,
+        node: Node,
+        dir: &Path,
+        config: &str,
+        descriptors: u32,
+    ) -> Self {
+        let path = dir.join(format!("{}.toml", node.role()));
+        std::fs::write(&path, config).unwrap();
+        let mut command = lab.command(node, "prlimit");
+        command
+            .arg(format!("--nofile={descriptors}:{descriptors}"))
+            .arg(wsx_binary());
+        Self::spawn(node, path, command)
+    }
+
     /// The daemon's effective capabilities (`CapEff` of /proc/PID/status).
     pub fn effective_capabilities(&self) -> u64 {
         let pid = self.child.as_ref().unwrap().id();

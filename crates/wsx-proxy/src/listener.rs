@@ -120,7 +120,10 @@ pub(crate) async fn accept<E, S, F>(
     }
 }
 
-/// The next connection on `listener`, or `None` once `stop` is cancelled.
+/// The next connection on `listener`, or `None` once `stop` is cancelled. Out of
+/// descriptors, a waiting connection is refused at once (see [`refuse_one`]) rather than
+/// left to hang in the backlog; other failures back off. Warnings say so at most once per
+/// [`ACCEPT_WARN_EVERY`], with the count since.
 async fn next_connection(
     listener: &TcpListener,
     stop: &CancellationToken,
@@ -130,13 +133,89 @@ async fn next_connection(
             r = listener.accept() => match r {
                 Ok(accepted) => return Some(accepted),
                 Err(e) => {
-                    // Out of descriptors or memory: back off rather than spin.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    let out_of_descriptors =
+                        matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                    let refused = out_of_descriptors && refuse_one(listener);
+                    ACCEPT_FAILURES.note(&e, refused);
+                    if !refused {
+                        // Out of memory, or no descriptor even for a refusal: back off
+                        // rather than spin.
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
                 }
             },
             () = stop.cancelled() => return None,
         }
+    }
+}
+
+/// A descriptor held in reserve for refusing connections when the process has no other:
+/// it is closed, one connection accepted and reset with it, and opened again.
+static RESERVE: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Opens the reserve descriptor, if it is not open (at start-up, and after each refusal).
+pub(crate) fn keep_reserve() {
+    let mut reserve = RESERVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if reserve.is_none() {
+        *reserve = std::fs::File::open("/dev/null").ok();
+    }
+}
+
+/// Out of descriptors: frees the reserve, accepts one waiting connection on `listener` and
+/// resets it (the client learns at once, instead of waiting in the backlog), and takes the
+/// reserve again. Returns whether a connection was refused.
+fn refuse_one(listener: &TcpListener) -> bool {
+    let mut reserve = RESERVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if reserve.take().is_none() {
+        return false;
+    }
+    let refused = sys::refuse_waiting(listener);
+    *reserve = std::fs::File::open("/dev/null").ok();
+    debug!(refused, reserve = reserve.is_some(), "out of descriptors");
+    refused
+}
+
+/// How often accept failures are logged at the most.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Accept failures, counted, and logged at most once per [`ACCEPT_WARN_EVERY`].
+static ACCEPT_FAILURES: AcceptFailures = AcceptFailures {
+    state: std::sync::Mutex::new((None, 0, 0)),
+};
+
+struct AcceptFailures {
+    /// When the last warning was logged; failures and refusals since.
+    state: std::sync::Mutex<(Option<tokio::time::Instant>, u64, u64)>,
+}
+
+impl AcceptFailures {
+    fn note(&self, e: &io::Error, refused: bool) {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (last, failures, refusals) = &mut *state;
+        *failures += 1;
+        *refusals += u64::from(refused);
+        let now = tokio::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < ACCEPT_WARN_EVERY) {
+            return;
+        }
+        warn!(
+            error = %e,
+            failures = *failures,
+            refused = *refusals,
+            "accepting connections fails (counts since the last warning); when out of \
+             descriptors, new connections are reset at once: raise the open-file limit \
+             (LimitNOFILE) or lower max_sessions"
+        );
+        *last = Some(now);
+        *failures = 0;
+        *refusals = 0;
     }
 }
 

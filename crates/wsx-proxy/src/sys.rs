@@ -240,6 +240,67 @@ pub fn interface_name(index: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
+/// Accepts one waiting connection on `listener`, if there is one, and closes it with a reset
+/// at once. Returns whether it did.
+pub fn refuse_waiting(listener: &TcpListener) -> bool {
+    // SAFETY: the listener's fd is valid for the call; null address arguments are allowed.
+    let fd = unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: accept4 returned a new descriptor that nothing else owns.
+    let socket = unsafe { <Socket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // Linger 0: the close is a reset. Without it the close would be orderly, which the
+    // client would also notice at once; either way it does not wait.
+    let _ = socket.set_linger(Some(Duration::ZERO));
+    drop(socket);
+    true
+}
+
+/// The soft limit on open descriptors now in force.
+pub fn descriptor_limit() -> io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(limit.rlim_cur)
+}
+
+/// Raises the soft limit on open descriptors to the hard one (systemd's `LimitNOFILE` sets
+/// both; a shell's soft limit is often 1,024). Returns the limit now in force, and the one
+/// before.
+pub fn raise_descriptor_limit() -> io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = limit.rlim_cur;
+    if limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: `limit` is a valid rlimit; raising the soft limit up to the hard one is
+        // always allowed.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((limit.rlim_cur, before))
+}
+
 /// Caps what the kernel buffers for `stream` on the receiving side at about `bytes` (the
 /// kernel doubles the value for its bookkeeping; autotuning stops): a shaped session's
 /// sender is held back by TCP flow control instead of filling the gateway's memory.

@@ -20,6 +20,7 @@ pub(crate) fn run(path: &Path) -> Result<()> {
     let config = loaded.gateway()?;
     let api = loaded.api()?;
     let log = init_logging(&loaded.config.log.level)?;
+    check_descriptors(config.sessions.max_sessions);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("wsx")
@@ -144,5 +145,33 @@ async fn watchdog() {
     loop {
         interval.tick().await;
         notify(&[sd_notify::NotifyState::Watchdog]);
+    }
+}
+
+/// Raises the open-file limit to the hard limit and says, when the limit cannot carry
+/// `max_sessions`, how many sessions it can: beyond that the gateway refuses new sessions
+/// at once, and the operator should raise `LimitNOFILE` or lower `max_sessions`.
+fn check_descriptors(max_sessions: usize) {
+    match wsx_proxy::sys::raise_descriptor_limit() {
+        Ok((limit, before)) => {
+            if limit > before {
+                info!(
+                    from = before,
+                    to = limit,
+                    "open-file limit raised to the hard limit"
+                );
+            }
+            let capacity = wsx_proxy::Gateway::session_capacity(limit);
+            if max_sessions > capacity {
+                warn!(
+                    max_sessions,
+                    open_file_limit = limit,
+                    session_capacity = capacity,
+                    "the open-file limit allows about {capacity} sessions, not max_sessions: \
+                     raise LimitNOFILE (two descriptors per session) or lower max_sessions"
+                );
+            }
+        }
+        Err(e) => warn!(error = %e, "cannot read or raise the open-file limit"),
     }
 }

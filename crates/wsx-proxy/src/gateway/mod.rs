@@ -35,6 +35,7 @@ use crate::peers::{self, Peer, PeerStatus, PrefixTable};
 use crate::rules::{Rules, RulesError};
 use crate::session::{GatewayTotals, SessionInfo, Sessions};
 use crate::shaping::{ShaperStatus, Shaping, ShapingConfig, ShapingError};
+use crate::sys;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,6 +80,78 @@ struct Inner {
     shaping_on: AtomicBool,
     /// The hint about `transparent_origin` was logged (once per run).
     origin_hinted: AtomicBool,
+    /// Sessions held against the open-file limit.
+    descriptors: Descriptors,
+}
+
+/// How many sessions the open-file limit carries, and how many hold descriptors now: a
+/// session beyond it is refused at once instead of failing halfway (its server connect, or
+/// the next accept) for want of a descriptor.
+#[derive(Debug)]
+struct Descriptors {
+    capacity: usize,
+    holding: Arc<std::sync::atomic::AtomicUsize>,
+    /// When a refusal was last logged, and refusals since.
+    warned: Mutex<(Option<Instant>, u64)>,
+}
+
+/// A session's hold on its descriptors, given back when it drops.
+#[derive(Debug)]
+struct Holding(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Descriptors a session may hold: the client's socket and the server's.
+const DESCRIPTORS_PER_SESSION: u64 = 2;
+
+/// Descriptors left for the rest: the tunnel's socket, listeners, the API, timers, logs,
+/// connections being accepted.
+const DESCRIPTORS_RESERVED: u64 = 64;
+
+impl Descriptors {
+    /// For the process's open-file limit (as it is now: the daemon raises it first).
+    fn new() -> Self {
+        let limit = sys::descriptor_limit().unwrap_or(u64::MAX);
+        Self {
+            capacity: Gateway::session_capacity(limit),
+            holding: Arc::default(),
+            warned: Mutex::new((None, 0)),
+        }
+    }
+
+    /// A hold for one more session, if the limit has room for it.
+    fn hold(&self) -> Option<Holding> {
+        let before = self.holding.fetch_add(1, Ordering::Relaxed);
+        if before >= self.capacity {
+            self.holding.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Holding(self.holding.clone()))
+    }
+
+    /// A session was refused for want of descriptors: warns at most every 10 s.
+    fn refused(&self) {
+        let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
+        warned.1 += 1;
+        let now = Instant::now();
+        if warned
+            .0
+            .is_some_and(|at| now.saturating_duration_since(at) < Duration::from_secs(10))
+        {
+            return;
+        }
+        warn!(
+            capacity = self.capacity,
+            refused = warned.1,
+            "out of descriptors for more sessions: new ones are refused at once (counts \
+             since the last warning); raise the open-file limit (LimitNOFILE)"
+        );
+        *warned = (Some(now), 0);
+    }
 }
 
 /// The configured peers, by key, and the prefix table built from them.
@@ -127,6 +200,8 @@ impl Gateway {
             info!(name = %s.name, address = %s.listen, peer = %s.peer, authentication = !s.users.is_empty(), "SOCKS5 listener");
             socks.push((listener, s.clone()));
         }
+        // A descriptor kept for refusing connections when none is left (listener.rs).
+        listener::keep_reserve();
         let inner = Arc::new(Inner {
             local_key: driver.public_key(),
             driver,
@@ -141,6 +216,7 @@ impl Gateway {
             shaper: Mutex::new(None),
             shaping_on: AtomicBool::new(false),
             origin_hinted: AtomicBool::new(false),
+            descriptors: Descriptors::new(),
         });
         if let Some(c) = &config.shaping {
             inner.shaping_on_with(c)?;
@@ -158,6 +234,13 @@ impl Gateway {
         }
         tokio::spawn(inner.clone().accept_tunnels());
         Ok(Self { inner })
+    }
+
+    /// How many sessions an open-file limit of `limit` descriptors carries (two per session,
+    /// some kept for the rest): beyond it, new sessions are refused at once.
+    pub fn session_capacity(limit: u64) -> usize {
+        let capacity = limit.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_SESSION;
+        usize::try_from(capacity).unwrap_or(usize::MAX).max(1)
     }
 
     /// Applies a new configuration: peers, prefixes (the rules follow), session limits, the

@@ -40,6 +40,14 @@ impl Inner {
         client: ClientAddr,
         admission: Admission,
     ) {
+        // Out of descriptors for another session: refused at once, before it takes more.
+        let Some(holding) = self.descriptors.hold() else {
+            self.descriptors.refused();
+            self.sessions.totals.count(Ending::RefusedLimit);
+            let _ = entry_point.answer(&mut tcp, Answer::Rejected).await;
+            sys::abort(tcp);
+            return;
+        };
         let config = self.config();
         let options = LanSocketOptions {
             keepalive: config.sessions.tcp_keepalive,
@@ -140,6 +148,7 @@ impl Inner {
         .await;
         drop(flow);
         drop(permit);
+        drop(holding);
     }
 
     /// The class of a session from `client` to `destination` through `peer`, if the
@@ -316,6 +325,12 @@ impl Inner {
             stream.reset(code::REJECTED);
             return;
         }
+        let Some(holding) = self.descriptors.hold() else {
+            self.descriptors.refused();
+            self.sessions.totals.count(Ending::RefusedLimit);
+            stream.reset(code::REJECTED);
+            return;
+        };
         let flow = self.stream_flow(&tunnel, &stream, class);
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
             warn!(%peer, "session limit reached; inbound stream refused");
@@ -377,6 +392,7 @@ impl Inner {
         .await;
         drop(flow);
         drop(permit);
+        drop(holding);
     }
 
     /// The shaper's flow for `stream` of `tunnel`, if the gateway shapes; the stream then

@@ -1,0 +1,113 @@
+//! Out of descriptors: a gateway whose open-file limit is far below what its sessions need
+//! refuses new connections at once (a reset, not a wait in the backlog), keeps the sessions
+//! it has, warns a bounded number of times, and serves again once sessions end. Needs
+//! root; run with `cargo xtask test`.
+
+// Test code: an unwrap here is an assertion.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+use wsx_e2e::{Daemon, configs_with};
+use wsx_lab::{Node, addr};
+use wsx_tunnel::SecretKey;
+
+/// A server on site B that echoes every connection until it closes.
+fn echo_server(listener: TcpListener) {
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// One session: connects through `entry`, sends a byte and waits for its echo. `Ok(stream)`
+/// when echoed, `Err(kind)` when refused, with how long it took either way.
+fn session(entry: SocketAddr) -> (Result<TcpStream, ErrorKind>, Duration) {
+    let started = Instant::now();
+    let attempt = || -> std::io::Result<TcpStream> {
+        let mut s = TcpStream::connect_timeout(&entry, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(b"x")?;
+        let mut byte = [0u8; 1];
+        if s.read(&mut byte)? == 0 {
+            return Err(ErrorKind::UnexpectedEof.into());
+        }
+        Ok(s)
+    };
+    let result = attempt().map_err(|e| e.kind());
+    (result, started.elapsed())
+}
+
+#[test]
+fn out_of_descriptors_new_connections_are_refused_at_once() {
+    let lab = wsx_e2e::gateway_lab();
+    let dir = wsx_e2e::config_dir(&lab);
+    let server = lab
+        .run_in(Node::Server, || {
+            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
+        })
+        .unwrap()
+        .unwrap();
+    let server_addr = server.local_addr().unwrap();
+    echo_server(server);
+    // gw-a alone, its peer never up: a forwarding listener's sessions bypass to the server,
+    // two descriptors each, under a limit of 96 open files.
+    let entry = SocketAddr::new(addr::GWA_LAN_V4.into(), 7100);
+    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
+    let config = c.gw_a.replace("[intercept]\ninterfaces = [\"lan0\"]\n", "")
+        + &format!(
+            "\n[[forward]]\nname = \"echo\"\nlisten = \"{entry}\"\nto = \"{server_addr}\"\npeer = \"gw-b\"\n"
+        );
+    let gw_a = Daemon::start_with_descriptor_limit(&lab, Node::GwA, &dir, &config, 96);
+    gw_a.wait_for("session_capacity", Duration::from_secs(5));
+
+    let outcomes: Vec<(Result<TcpStream, ErrorKind>, Duration)> = lab
+        .run_in(Node::Client, move || {
+            (0..80).map(|_| session(entry)).collect()
+        })
+        .unwrap();
+    let served = outcomes.iter().filter(|(r, _)| r.is_ok()).count();
+    let refused: Vec<(ErrorKind, Duration)> = outcomes
+        .iter()
+        .filter_map(|(r, took)| r.as_ref().err().map(|kind| (*kind, *took)))
+        .collect();
+    assert!(served >= 10, "only {served} sessions before the limit");
+    assert!(!refused.is_empty(), "80 sessions fit in 96 descriptors?");
+    for (kind, took) in &refused {
+        assert!(
+            *took < Duration::from_secs(2),
+            "a refusal took {took:?} ({kind:?}): it waited instead"
+        );
+    }
+    // Every session that was served still echoes.
+    let mut held: Vec<TcpStream> = outcomes.into_iter().filter_map(|(r, _)| r.ok()).collect();
+    for s in &mut held {
+        s.write_all(b"y").unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(s.read(&mut byte).unwrap(), 1);
+    }
+    // Refused before they took more descriptors (no session failed halfway for want of
+    // one), and warned, not once per refusal.
+    assert_eq!(gw_a.count("Too many open files"), 0);
+    let warnings = gw_a.count("out of descriptors for more sessions");
+    assert!(
+        (1..=3).contains(&warnings),
+        "{warnings} warnings for {} refusals",
+        refused.len()
+    );
+    // The sessions end: new ones are served again.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(500));
+    let (again, _) = lab.run_in(Node::Client, move || session(entry)).unwrap();
+    assert!(again.is_ok(), "{again:?}");
+}
