@@ -38,6 +38,7 @@
 pub mod addrs;
 mod chunked;
 mod config;
+mod every;
 mod gateway;
 mod listener;
 mod peers;

@@ -18,6 +18,7 @@
 
 use crate::addrs::{ClientAddr, OrigDstAddr, canonical};
 use crate::config::{ForwardConfig, GatewayError, SocksConfig};
+use crate::every::Every;
 use crate::session::Entry;
 use crate::socks;
 use crate::sys;
@@ -123,7 +124,7 @@ pub(crate) async fn accept<E, S, F>(
 /// The next connection on `listener`, or `None` once `stop` is cancelled. Out of
 /// descriptors, a waiting connection is refused at once (see [`refuse_one`]) rather than
 /// left to hang in the backlog; other failures back off. Warnings say so at most once per
-/// [`ACCEPT_WARN_EVERY`], with the count since.
+/// 10 s, with the count since.
 async fn next_connection(
     listener: &TcpListener,
     stop: &CancellationToken,
@@ -136,7 +137,7 @@ async fn next_connection(
                     let out_of_descriptors =
                         matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
                     let refused = out_of_descriptors && refuse_one(listener);
-                    ACCEPT_FAILURES.note(&e, refused);
+                    note_accept_failure(&e);
                     if !refused {
                         // Out of memory, or no descriptor even for a refusal: back off
                         // rather than spin.
@@ -179,43 +180,19 @@ fn refuse_one(listener: &TcpListener) -> bool {
     refused
 }
 
-/// How often accept failures are logged at the most.
-const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+/// Accept failures, logged at most once per 10 s with the count since.
+static ACCEPT_FAILURES: Every = Every::new(Duration::from_secs(10));
 
-/// Accept failures, counted, and logged at most once per [`ACCEPT_WARN_EVERY`].
-static ACCEPT_FAILURES: AcceptFailures = AcceptFailures {
-    state: std::sync::Mutex::new((None, 0, 0)),
-};
-
-struct AcceptFailures {
-    /// When the last warning was logged; failures and refusals since.
-    state: std::sync::Mutex<(Option<tokio::time::Instant>, u64, u64)>,
-}
-
-impl AcceptFailures {
-    fn note(&self, e: &io::Error, refused: bool) {
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (last, failures, refusals) = &mut *state;
-        *failures += 1;
-        *refusals += u64::from(refused);
-        let now = tokio::time::Instant::now();
-        if last.is_some_and(|at| now.duration_since(at) < ACCEPT_WARN_EVERY) {
-            return;
-        }
+/// Counts a failed accept and warns now and then.
+fn note_accept_failure(e: &io::Error) {
+    if let Some(failures) = ACCEPT_FAILURES.tick(std::time::Instant::now()) {
         warn!(
             error = %e,
-            failures = *failures,
-            refused = *refusals,
-            "accepting connections fails (counts since the last warning); when out of \
-             descriptors, new connections are reset at once: raise the open-file limit \
+            failures,
+            "accepting connections fails (failures since the last warning); when out of \
+             descriptors, waiting connections are reset at once: raise the open-file limit \
              (LimitNOFILE) or lower max_sessions"
         );
-        *last = Some(now);
-        *failures = 0;
-        *refusals = 0;
     }
 }
 

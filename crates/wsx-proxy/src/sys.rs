@@ -266,29 +266,14 @@ pub fn refuse_waiting(listener: &TcpListener) -> bool {
 
 /// The soft limit on open descriptors now in force.
 pub fn descriptor_limit() -> io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid rlimit for the call to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(limit.rlim_cur)
+    Ok(open_file_limit()?.rlim_cur)
 }
 
 /// Raises the soft limit on open descriptors to the hard one (systemd's `LimitNOFILE` sets
 /// both; a shell's soft limit is often 1,024). Returns the limit now in force, and the one
 /// before.
 pub fn raise_descriptor_limit() -> io::Result<(u64, u64)> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid rlimit for the call to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let mut limit = open_file_limit()?;
     let before = limit.rlim_cur;
     if limit.rlim_cur < limit.rlim_max {
         limit.rlim_cur = limit.rlim_max;
@@ -299,6 +284,18 @@ pub fn raise_descriptor_limit() -> io::Result<(u64, u64)> {
         }
     }
     Ok((limit.rlim_cur, before))
+}
+
+fn open_file_limit() -> io::Result<libc::rlimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(limit)
 }
 
 /// Caps what the kernel buffers for `stream` on the receiving side at about `bytes` (the

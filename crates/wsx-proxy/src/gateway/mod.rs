@@ -30,6 +30,7 @@ mod keeper;
 mod sessions;
 
 use crate::config::{GatewayConfig, GatewayError};
+use crate::every::Every;
 use crate::listener::{self, EntryPoint, Forwarding, Intercepted, Socks};
 use crate::peers::{self, Peer, PeerStatus, PrefixTable};
 use crate::rules::{Rules, RulesError};
@@ -91,8 +92,8 @@ struct Inner {
 struct Descriptors {
     capacity: usize,
     holding: Arc<std::sync::atomic::AtomicUsize>,
-    /// When a refusal was last logged, and refusals since.
-    warned: Mutex<(Option<Instant>, u64)>,
+    /// Refusals, logged at most every 10 s.
+    refusals: Every,
 }
 
 /// A session's hold on its descriptors, given back when it drops.
@@ -119,7 +120,7 @@ impl Descriptors {
         Self {
             capacity: Gateway::session_capacity(limit),
             holding: Arc::default(),
-            warned: Mutex::new((None, 0)),
+            refusals: Every::new(Duration::from_secs(10)),
         }
     }
 
@@ -135,22 +136,14 @@ impl Descriptors {
 
     /// A session was refused for want of descriptors: warns at most every 10 s.
     fn refused(&self) {
-        let mut warned = self.warned.lock().unwrap_or_else(PoisonError::into_inner);
-        warned.1 += 1;
-        let now = Instant::now();
-        if warned
-            .0
-            .is_some_and(|at| now.saturating_duration_since(at) < Duration::from_secs(10))
-        {
-            return;
+        if let Some(refused) = self.refusals.tick(Instant::now()) {
+            warn!(
+                capacity = self.capacity,
+                refused,
+                "out of descriptors for more sessions: new ones are refused at once (counts \
+                 since the last warning); raise the open-file limit (LimitNOFILE)"
+            );
         }
-        warn!(
-            capacity = self.capacity,
-            refused = warned.1,
-            "out of descriptors for more sessions: new ones are refused at once (counts \
-             since the last warning); raise the open-file limit (LimitNOFILE)"
-        );
-        *warned = (Some(now), 0);
     }
 }
 
