@@ -160,6 +160,11 @@ fn the_cli_sees_live_sessions_and_kills_one_and_metrics_move_with_traffic() {
     assert!(status["sessions"]["tunnel"].as_u64() >= Some(1), "{status}");
     assert_eq!(status["peers"][0]["name"], "gw-b");
     assert_eq!(status["peers"][0]["healthy"], true);
+    // What the open-file limit carries: (limit - 64) / 2 of this process's limit, which the
+    // daemon raised to the hard one (20,000 here, or whatever the host allows).
+    let capacity = status["session_capacity"].as_u64().unwrap();
+    assert!(capacity >= 400, "{status}");
+    assert_eq!(status["max_sessions"], 100_000, "{status}");
     // The human table lists it too.
     let table = cli(&lab, &["sessions"]);
     let table = String::from_utf8(table.stdout).unwrap();
@@ -206,6 +211,7 @@ fn the_cli_sees_live_sessions_and_kills_one_and_metrics_move_with_traffic() {
     assert!(metric(&after, intercepted) >= 3.0);
     assert_eq!(metric(&after, "wsx_peer_up{peer=\"gw-b\"}"), 1.0);
     assert!(metric(&after, "wsx_tunnel_packets_sent_total{peer=\"gw-b\"}") > 1000.0);
+    assert_eq!(metric(&after, "wsx_session_capacity{}"), capacity as f64);
     assert!(metric(&after, "wsx_tunnel_rtt_seconds{peer=\"gw-b\"}") > 0.03);
     assert!(
         metric(

@@ -10,10 +10,11 @@
 //! |---|---|---|
 //! | `wsx_info` | `version` | 1 |
 //! | `wsx_uptime_seconds` | | since the gateway started |
+//! | `wsx_session_capacity`, `wsx_max_sessions` | | sessions the open-file limit carries, and the configured limit |
 //! | `wsx_sessions` | `route` | live sessions |
 //! | `wsx_sessions_opened_total` | `route` | |
 //! | `wsx_sessions_entered_total` | `entry`, `listener` | opened, by entry point: `intercepted`, `forward`, `socks` (with the listener's name), `tunnel` |
-//! | `wsx_sessions_ended_total` | `outcome` | `completed`, `failed`, `idle`, `killed`, `shutdown` |
+//! | `wsx_sessions_ended_total` | `outcome` | `completed`, `reset` (by an end), `failed`, `idle`, `killed`, `shutdown` |
 //! | `wsx_sessions_refused_total` | `reason` | `limit`, `peer_down`, `connect_failed` |
 //! | `wsx_session_bytes_total` | `peer`, `route`, `direction` | read from clients / servers |
 //! | `wsx_peer_up` | `peer` | 1 when a tunnel is established and the peer heard from |
@@ -132,6 +133,18 @@ impl Collector for GatewayCollector {
             "wsx_uptime_seconds",
             "Seconds since the gateway started",
             [gauge(vec![], totals.uptime.as_secs_f64())],
+        )?;
+        family(
+            &mut e,
+            "wsx_session_capacity",
+            "Sessions the open-file limit carries (beyond, new ones are refused at once)",
+            [gauge(vec![], gateway.session_capacity() as f64)],
+        )?;
+        family(
+            &mut e,
+            "wsx_max_sessions",
+            "The configured max_sessions (beyond, new sessions bypass the tunnel)",
+            [gauge(vec![], gateway.max_sessions() as f64)],
         )?;
         family(
             &mut e,

@@ -22,6 +22,13 @@ pub struct Status {
     pub tunnel_address: String,
     pub peers: Vec<PeerHealth>,
     pub sessions: SessionCounts,
+    /// The configured `max_sessions`, and how many sessions the open-file limit carries
+    /// (two descriptors each): beyond the smaller, new connections are bypassed (over
+    /// `max_sessions`) or refused at once (out of descriptors).
+    #[serde(default)]
+    pub max_sessions: u64,
+    #[serde(default)]
+    pub session_capacity: u64,
     pub totals: Totals,
 }
 

@@ -282,6 +282,8 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<Status> {
             })
             .collect(),
         sessions,
+        max_sessions: gateway.max_sessions() as u64,
+        session_capacity: gateway.session_capacity() as u64,
         totals: Totals::new(&totals),
     })
 }

@@ -467,6 +467,17 @@ fn status_table(s: &Status) {
         "sessions        {} live ({} tunnel, {} inbound, {} bypass)",
         s.sessions.total, s.sessions.tunnel, s.sessions.inbound, s.sessions.bypass
     );
+    if s.session_capacity > 0 {
+        let short = if s.session_capacity < s.max_sessions {
+            ": the open-file limit, not max_sessions, is the limit (raise LimitNOFILE)"
+        } else {
+            ""
+        };
+        println!(
+            "capacity        {} sessions by the open-file limit, max_sessions {}{short}",
+            s.session_capacity, s.max_sessions
+        );
+    }
     let t = &s.totals;
     println!(
         "since start     {} opened, {} completed, {} reset, {} refused; {} from clients, {} from servers",

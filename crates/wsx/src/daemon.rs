@@ -161,7 +161,7 @@ fn check_descriptors(max_sessions: usize) {
                     "open-file limit raised to the hard limit"
                 );
             }
-            let capacity = wsx_proxy::Gateway::session_capacity(limit);
+            let capacity = wsx_proxy::Gateway::capacity_for(limit);
             if max_sessions > capacity {
                 warn!(
                     max_sessions,

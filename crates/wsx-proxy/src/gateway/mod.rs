@@ -118,7 +118,7 @@ impl Descriptors {
     fn new() -> Self {
         let limit = sys::descriptor_limit().unwrap_or(u64::MAX);
         Self {
-            capacity: Gateway::session_capacity(limit),
+            capacity: Gateway::capacity_for(limit),
             holding: Arc::default(),
             refusals: Every::new(Duration::from_secs(10)),
         }
@@ -229,9 +229,20 @@ impl Gateway {
         Ok(Self { inner })
     }
 
+    /// How many sessions this gateway's open-file limit carries (as it was at start):
+    /// beyond it, new sessions are refused at once.
+    pub fn session_capacity(&self) -> usize {
+        self.inner.descriptors.capacity
+    }
+
+    /// The configured `max_sessions`.
+    pub fn max_sessions(&self) -> usize {
+        self.inner.config().sessions.max_sessions
+    }
+
     /// How many sessions an open-file limit of `limit` descriptors carries (two per session,
-    /// some kept for the rest): beyond it, new sessions are refused at once.
-    pub fn session_capacity(limit: u64) -> usize {
+    /// some kept for the rest).
+    pub fn capacity_for(limit: u64) -> usize {
         let capacity = limit.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_SESSION;
         usize::try_from(capacity).unwrap_or(usize::MAX).max(1)
     }
