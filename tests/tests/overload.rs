@@ -111,3 +111,69 @@ fn out_of_descriptors_new_connections_are_refused_at_once() {
     let (again, _) = lab.run_in(Node::Client, move || session(entry)).unwrap();
     assert!(again.is_ok(), "{again:?}");
 }
+
+/// Transparent interception at capacity fails open: once the sessions fill what the
+/// open-file limit carries, gw-a stops intercepting and new connections take the kernel's
+/// route to the server, unaccelerated but served; when sessions end, it intercepts again.
+#[test]
+fn at_capacity_interception_pauses_and_connections_go_direct() {
+    let lab = wsx_e2e::gateway_lab();
+    let dir = wsx_e2e::config_dir(&lab);
+    let server = lab
+        .run_in(Node::Server, || {
+            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
+        })
+        .unwrap()
+        .unwrap();
+    let server_addr = server.local_addr().unwrap();
+    echo_server(server);
+    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
+    // 96 open files: capacity 16 sessions, interception paused from 15.
+    let gw_a = Daemon::start_with_descriptor_limit(&lab, Node::GwA, &dir, &c.gw_a, 96);
+    let gw_b = Daemon::start(&lab, Node::GwB, &dir, &c.gw_b);
+    wsx_e2e::wait_for_tunnel(&gw_a, &gw_b, 1);
+
+    let wave = |n: usize| -> Vec<TcpStream> {
+        let outcomes: Vec<(Result<TcpStream, ErrorKind>, Duration)> = lab
+            .run_in(Node::Client, move || {
+                (0..n).map(|_| session(server_addr)).collect()
+            })
+            .unwrap();
+        outcomes.into_iter().filter_map(|(r, _)| r.ok()).collect()
+    };
+    // Fill it: some are refused while it is full and before the rules change.
+    let mut held = wave(20);
+    assert!(held.len() >= 10, "only {} sessions", held.len());
+    gw_a.wait_for(
+        "at capacity: new connections are not intercepted",
+        Duration::from_secs(5),
+    );
+    let opened = gw_a.count("session opened");
+    // Past capacity: every new connection is served, directly.
+    let direct = wave(20);
+    assert_eq!(
+        direct.len(),
+        20,
+        "connections past capacity were not all served"
+    );
+    assert_eq!(
+        gw_a.count("session opened"),
+        opened,
+        "gw-a intercepted past capacity"
+    );
+    held.extend(direct);
+    for s in &mut held {
+        s.write_all(b"z").unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(s.read(&mut byte).unwrap(), 1);
+    }
+    // Sessions end: it intercepts again.
+    drop(held);
+    gw_a.wait_for(
+        "below capacity: intercepting again",
+        Duration::from_secs(10),
+    );
+    let again = wave(1);
+    assert_eq!(again.len(), 1);
+    assert_eq!(gw_a.count("session opened"), opened + 1);
+}

@@ -67,15 +67,37 @@ pub enum RulesError {
 #[derive(Debug)]
 pub struct Rules {
     config: RulesConfig,
+    /// Interception of new connections is paused (the gateway is at capacity).
+    paused: bool,
 }
 
 impl Rules {
     /// Removes leftovers of an earlier run and installs the rules.
     pub fn install(config: RulesConfig) -> Result<Self, RulesError> {
         remove(&config);
-        let rules = Self { config };
+        let rules = Self {
+            config,
+            paused: false,
+        };
         rules.reinstall()?;
         Ok(rules)
+    }
+
+    /// Stops (`true`) or resumes intercepting new connections, as [`Rules::drain`] does,
+    /// while keeping the rules' configuration: a gateway out of capacity lets new
+    /// connections take the kernel's own route, unaccelerated, instead of refusing them.
+    /// An [`update`](Rules::update) meanwhile keeps the pause.
+    pub fn pause(&mut self, paused: bool) -> Result<(), RulesError> {
+        if paused == self.paused {
+            return Ok(());
+        }
+        nft(&self.script(if paused { Mode::Drain } else { Mode::Intercept }))?;
+        self.paused = paused;
+        Ok(())
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     pub fn config(&self) -> &RulesConfig {
@@ -97,11 +119,19 @@ impl Rules {
             return self.reinstall();
         }
         self.config = config;
-        nft(&self.script(Mode::Intercept))
+        nft(&self.script(self.mode()))
+    }
+
+    fn mode(&self) -> Mode {
+        if self.paused {
+            Mode::Drain
+        } else {
+            Mode::Intercept
+        }
     }
 
     fn reinstall(&self) -> Result<(), RulesError> {
-        nft(&self.script(Mode::Intercept))?;
+        nft(&self.script(self.mode()))?;
         for family in ["-4", "-6"] {
             ip(&self.rule_args(family, "add"))?;
             ip(&self.route_args(family))?;
@@ -299,7 +329,11 @@ mod tests {
 
     #[test]
     fn the_script_replaces_the_table_and_intercepts_only_syns_toward_the_prefixes() {
-        let script = Rules { config: config() }.script(Mode::Intercept);
+        let script = Rules {
+            config: config(),
+            paused: false,
+        }
+        .script(Mode::Intercept);
         assert!(script.starts_with("add table inet wsx\ndelete table inet wsx\n"));
         assert!(script.contains(
             "set remote4 { type ipv4_addr; flags interval; elements = { 10.71.3.0/24 }; }"
@@ -316,7 +350,11 @@ mod tests {
 
     #[test]
     fn draining_keeps_only_the_rule_for_existing_sessions() {
-        let script = Rules { config: config() }.script(Mode::Drain);
+        let script = Rules {
+            config: config(),
+            paused: false,
+        }
+        .script(Mode::Drain);
         assert!(script.contains("socket transparent 1"));
         assert!(!script.contains("tproxy"));
     }
@@ -326,14 +364,21 @@ mod tests {
         let mut c = config();
         c.prefixes.truncate(1);
         c.interfaces.clear();
-        let script = Rules { config: c }.script(Mode::Intercept);
+        let script = Rules {
+            config: c,
+            paused: false,
+        }
+        .script(Mode::Intercept);
         assert!(script.contains("set remote6 { type ipv6_addr; flags interval; }"));
         assert!(script.contains("    tcp flags"));
     }
 
     #[test]
     fn routing_commands_name_the_mark_table_and_priority() {
-        let rules = Rules { config: config() };
+        let rules = Rules {
+            config: config(),
+            paused: false,
+        };
         assert_eq!(
             rules.rule_args("-6", "add").join(" "),
             "-6 rule add fwmark 0x7773 lookup 119 priority 10119"

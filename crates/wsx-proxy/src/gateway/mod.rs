@@ -106,6 +106,12 @@ impl Drop for Holding {
     }
 }
 
+/// How often [`Inner::watch_capacity`] looks, and where it pauses and resumes interception
+/// (fractions of the descriptors' capacity).
+const CAPACITY_CHECK: Duration = Duration::from_millis(200);
+const PAUSE_AT: f64 = 0.9;
+const RESUME_BELOW: f64 = 0.75;
+
 /// Descriptors a session may hold: the client's socket and the server's.
 const DESCRIPTORS_PER_SESSION: u64 = 2;
 
@@ -216,6 +222,9 @@ impl Gateway {
         }
         inner.apply_peers(&config.peers);
         inner.install_rules(&config).await?;
+        if config.intercept.is_some() {
+            tokio::spawn(inner.clone().watch_capacity());
+        }
         for listener in transparent {
             inner.spawn_accept(listener, Intercepted);
         }
@@ -476,6 +485,47 @@ impl Inner {
 
     fn peer_set(&self) -> MutexGuard<'_, PeerSet> {
         self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// While sessions fill the descriptors' capacity, new connections are not
+    /// intercepted: they take the kernel's own route, unaccelerated (fail open). Checked
+    /// every [`CAPACITY_CHECK`]; paused at [`PAUSE_AT`] of the capacity, resumed below
+    /// [`RESUME_BELOW`], so that it does not flap.
+    async fn watch_capacity(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(CAPACITY_CHECK);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.stop.cancelled() => return,
+            }
+            let holding = self.descriptors.holding.load(Ordering::Relaxed) as f64;
+            let capacity = self.descriptors.capacity as f64;
+            let paused = self.lock_rules().as_ref().is_some_and(Rules::is_paused);
+            let pause = if !paused && holding >= capacity * PAUSE_AT {
+                true
+            } else if paused && holding < capacity * RESUME_BELOW {
+                false
+            } else {
+                continue;
+            };
+            let inner = self.clone();
+            let result = tokio::task::spawn_blocking(move || match inner.lock_rules().as_mut() {
+                Some(rules) => rules.pause(pause),
+                None => Ok(()),
+            })
+            .await;
+            match result {
+                Ok(Ok(())) if pause => warn!(
+                    sessions = holding,
+                    capacity,
+                    "at capacity: new connections are not intercepted (they go direct, \
+                     unaccelerated) until sessions end"
+                ),
+                Ok(Ok(())) => info!(sessions = holding, "below capacity: intercepting again"),
+                Ok(Err(e)) => warn!(error = %e, "could not change the interception rules"),
+                Err(e) => warn!(error = %e, "could not change the interception rules"),
+            }
+        }
     }
 
     fn lock_rules(&self) -> MutexGuard<'_, Option<Rules>> {
