@@ -10,11 +10,18 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use wsx_e2e::{Daemon, configs_with};
-use wsx_lab::{Node, addr};
+use wsx_lab::{Lab, Node, addr};
 use wsx_tunnel::SecretKey;
 
-/// A server on site B that echoes every connection until it closes.
-fn echo_server(listener: TcpListener) {
+/// A server on site B that echoes every connection until it closes; its address.
+fn echo_server(lab: &Lab) -> SocketAddr {
+    let listener = lab
+        .run_in(Node::Server, || {
+            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
+        })
+        .unwrap()
+        .unwrap();
+    let address = listener.local_addr().unwrap();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { return };
@@ -28,6 +35,7 @@ fn echo_server(listener: TcpListener) {
             });
         }
     });
+    address
 }
 
 /// One session: connects through `entry`, sends a byte and waits for its echo. `Ok(stream)`
@@ -52,14 +60,7 @@ fn session(entry: SocketAddr) -> (Result<TcpStream, ErrorKind>, Duration) {
 fn out_of_descriptors_new_connections_are_refused_at_once() {
     let lab = wsx_e2e::gateway_lab();
     let dir = wsx_e2e::config_dir(&lab);
-    let server = lab
-        .run_in(Node::Server, || {
-            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
-        })
-        .unwrap()
-        .unwrap();
-    let server_addr = server.local_addr().unwrap();
-    echo_server(server);
+    let server_addr = echo_server(&lab);
     // gw-a alone, its peer never up: a forwarding listener's sessions bypass to the server,
     // two descriptors each, under a limit of 96 open files.
     let entry = SocketAddr::new(addr::GWA_LAN_V4.into(), 7100);
@@ -119,14 +120,7 @@ fn out_of_descriptors_new_connections_are_refused_at_once() {
 fn at_capacity_interception_pauses_and_connections_go_direct() {
     let lab = wsx_e2e::gateway_lab();
     let dir = wsx_e2e::config_dir(&lab);
-    let server = lab
-        .run_in(Node::Server, || {
-            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
-        })
-        .unwrap()
-        .unwrap();
-    let server_addr = server.local_addr().unwrap();
-    echo_server(server);
+    let server_addr = echo_server(&lab);
     let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
     // 96 open files: capacity 16 sessions, interception paused from 15.
     let gw_a = Daemon::start_with_descriptor_limit(&lab, Node::GwA, &dir, &c.gw_a, 96);
