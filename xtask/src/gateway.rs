@@ -294,23 +294,28 @@ impl Pair {
     /// `node`'s totals, from its API: `wsx peers --json` run in its namespace finds the
     /// address and the token in the gateway's configuration file.
     fn totals(&self, lab: &Lab, node: Node) -> Result<Totals> {
+        let output = self.ask(lab, node, "peers")?;
+        Totals::from_peers_json(&output).with_context(|| format!("{node:?}'s totals"))
+    }
+
+    /// What `wsx COMMAND --json`, run in `node`'s namespace against its API (address and
+    /// token from the gateway's configuration file), prints.
+    fn ask(&self, lab: &Lab, node: Node, command: &str) -> Result<Vec<u8>> {
         let config = self.work.join(format!("{}.toml", node.role()));
         let output = lab
             .command(node, &self.wsx)
-            .arg("peers")
-            .arg("--json")
-            .arg("--config")
+            .args([command, "--json", "--config"])
             .arg(&config)
             .stdin(Stdio::null())
             .output()
-            .with_context(|| format!("asking {node:?}'s API"))?;
+            .with_context(|| format!("asking {node:?}'s API (wsx {command})"))?;
         if !output.status.success() {
             bail!(
-                "{node:?}'s API: {}",
+                "{node:?}'s API (wsx {command}): {}",
                 String::from_utf8_lossy(&output.stderr).trim()
             );
         }
-        Totals::from_peers_json(&output.stdout).with_context(|| format!("{node:?}'s totals"))
+        Ok(output.stdout)
     }
 }
 
@@ -339,21 +344,8 @@ impl Pair {
         if !std::fs::read_to_string(&config)?.contains("[shaper]") {
             return Ok(None);
         }
-        let output = lab
-            .command(node, &self.wsx)
-            .args(["filters", "--json", "--config"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("asking {node:?}'s shaper"))?;
-        if !output.status.success() {
-            bail!(
-                "{node:?}'s shaper: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-        }
-        let shaper =
-            serde_json::from_slice(&output.stdout).context("parsing the shaper's state")?;
+        let output = self.ask(lab, node, "filters")?;
+        let shaper = serde_json::from_slice(&output).context("parsing the shaper's state")?;
         Ok(Some(shaper))
     }
 }
