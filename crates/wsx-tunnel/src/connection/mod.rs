@@ -345,6 +345,10 @@ impl Connection {
             min_rtt: self.rtt().min(),
             congestion: self.recovery.controller_state(),
             fec: FecStats::merge(sent.unwrap_or_default(), received.unwrap_or_default()),
+            send_buffered: self.streams.send_buffered(),
+            send_unsent: self.streams.send_unsent(),
+            send_budget: self.recovery.send_budget(),
+            receive_buffered: self.streams.receive_buffered(),
             ..self.stats
         }
     }
@@ -402,7 +406,7 @@ impl Connection {
     /// Writes as much of `data` as the stream's buffer takes; `Err(Blocked)` when none fits
     /// (a [`Event::StreamWritable`] follows when room frees up).
     pub fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
-        self.streams.write(id, data)
+        self.streams.write(id, data, self.recovery.send_budget())
     }
 
     /// Ends the stream's sending direction after what was written (a half-close).

@@ -33,4 +33,11 @@ pub struct ConnectionStats {
     pub min_rtt: Duration,
     pub congestion: Option<ControllerState>,
     pub fec: FecStats,
+    /// Bytes the streams hold for sending now (unacknowledged, and never sent), and the most
+    /// they may queue unsent at the path's present pace.
+    pub send_buffered: u64,
+    pub send_unsent: u64,
+    pub send_budget: u64,
+    /// Bytes received on all streams and not yet read by the application (holes included).
+    pub receive_buffered: u64,
 }

@@ -23,8 +23,8 @@ use std::time::Instant;
 
 /// A stream buffer that empties gives memory back above this capacity.
 const SHRINK_ABOVE: usize = 64 * 1024;
-/// A stream may always buffer this much for sending, whatever its share of the connection's
-/// buffer.
+/// A stream may always buffer this much for sending (and queue it unsent), whatever its share
+/// of the connection's buffer and pace.
 const MIN_SHARE: u64 = 64 * 1024;
 
 /// Errors of the stream API.
@@ -140,6 +140,8 @@ struct Stream {
     queued: bool,
     readable_notified: bool,
     write_blocked: bool,
+    /// ...and by a queue of unsent bytes, rather than for want of acknowledgments.
+    blocked_by_queue: bool,
     /// The most bytes written and not yet sent once (unacknowledged sent bytes do not
     /// count): a queue bound set by the application, e.g. a shaper's buffer.
     unsent_limit: u64,
@@ -165,6 +167,7 @@ impl Stream {
             queued: false,
             readable_notified: false,
             write_blocked: false,
+            blocked_by_queue: false,
             unsent_limit: u64::MAX,
             dscp: 0,
             end_read: false,
@@ -229,15 +232,23 @@ pub(crate) struct Streams {
     consumed_data: u64,
     recv_max_data: u64,
     max_data_queued: bool,
-    /// Bytes buffered for sending on all streams, and how many streams hold some.
+    /// Bytes buffered for sending on all streams (unacknowledged), and how many streams hold
+    /// some.
     buffered: u64,
+    /// Bytes written on all streams and never sent yet, and the most the path's pace lets
+    /// them queue (the last `pace` [`Streams::write`] was given).
+    unsent: u64,
+    pace: u64,
     /// Streams whose sending direction is still open: the connection's send buffer is shared
     /// among them.
     senders: u64,
     scheduler: Box<dyn Scheduler>,
     resets: VecDeque<StreamId>,
     max_stream_data: VecDeque<StreamId>,
+    /// Streams whose writes were refused: for want of acknowledgments, and because a queue
+    /// of unsent bytes (the connection's pace, the stream's `unsent_limit`) was full.
     write_blocked: Vec<StreamId>,
+    queue_blocked: Vec<StreamId>,
     events: VecDeque<StreamEvent>,
 }
 
@@ -261,11 +272,14 @@ impl Streams {
             recv_max_data: limits.connection_window,
             max_data_queued: false,
             buffered: 0,
+            unsent: 0,
+            pace: u64::MAX,
             senders: 0,
             scheduler: Box::new(RoundRobin::default()),
             resets: VecDeque::new(),
             max_stream_data: VecDeque::new(),
             write_blocked: Vec::new(),
+            queue_blocked: Vec::new(),
             events: VecDeque::new(),
         }
     }
@@ -279,6 +293,22 @@ impl Streams {
 
     pub(crate) fn poll_event(&mut self) -> Option<StreamEvent> {
         self.events.pop_front()
+    }
+
+    /// Bytes held for sending on all streams: written and not yet acknowledged.
+    pub(crate) fn send_buffered(&self) -> u64 {
+        self.buffered
+    }
+
+    /// Bytes written on all streams and never sent.
+    pub(crate) fn send_unsent(&self) -> u64 {
+        self.unsent
+    }
+
+    /// Bytes received on all streams (up to the highest offset, holes included) and not yet
+    /// read.
+    pub(crate) fn receive_buffered(&self) -> u64 {
+        self.received_data - self.consumed_data
     }
 
     /// Streams currently open (including ones closing).
@@ -349,7 +379,18 @@ impl Streams {
             || !self.max_stream_data.is_empty()
     }
 
-    pub(crate) fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
+    /// Buffers `data` for sending, as much as fits under the stream's and the connection's
+    /// limits: unacknowledged bytes within the configured send buffers, and bytes never sent
+    /// within `pace` (what the path carries now, `Recovery::send_budget`), so that the
+    /// application is read only as fast as the path drains what it wrote. What is in
+    /// flight is the congestion window's to bound, so a scheduler's favourite stream refills
+    /// as fast as it sends, whatever the others hold.
+    pub(crate) fn write(
+        &mut self,
+        id: StreamId,
+        data: &[u8],
+        pace: u64,
+    ) -> Result<usize, StreamError> {
         let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
         if let ResetState::LocalPending { code } | ResetState::LocalSent { code } = stream.reset {
             return Err(StreamError::Reset(code));
@@ -361,7 +402,8 @@ impl Streams {
         // share of it; otherwise the first streams to write would keep it full and later
         // ones would never get a byte into it.
         let held = stream.send.buffered() as u64;
-        let share = (self.limits.connection_send_buffer / self.senders.max(1)).max(MIN_SHARE);
+        let senders = self.senders.max(1);
+        let share = (self.limits.connection_send_buffer / senders).max(MIN_SHARE);
         let stream_room = self
             .limits
             .stream_send_buffer
@@ -371,18 +413,35 @@ impl Streams {
             .limits
             .connection_send_buffer
             .saturating_sub(self.buffered);
+        self.pace = pace;
         let unsent = stream.send.written() - stream.send.sent_offset();
+        // A stream may always queue its minimum share, however full the connection's queue:
+        // a new stream does not wait behind what an older one queued.
+        let own_room = (pace / senders).max(MIN_SHARE).saturating_sub(unsent);
+        let pace_room = pace
+            .saturating_sub(self.unsent)
+            .max(MIN_SHARE.saturating_sub(unsent))
+            .min(own_room);
         let queue_room = stream.unsent_limit.saturating_sub(unsent);
-        let room = stream_room.min(conn_room).min(queue_room) as usize;
+        let buffer_room = stream_room.min(conn_room);
+        let room = buffer_room.min(pace_room).min(queue_room) as usize;
         let n = stream.send.write(data, room);
         if n == 0 && !data.is_empty() {
             if !stream.write_blocked {
                 stream.write_blocked = true;
-                self.write_blocked.push(id);
+                // Held back by a queue (sending makes room) or by unacknowledged bytes
+                // (an acknowledgment does): woken by what will free it, and only by that.
+                stream.blocked_by_queue = buffer_room > 0;
+                if stream.blocked_by_queue {
+                    self.queue_blocked.push(id);
+                } else {
+                    self.write_blocked.push(id);
+                }
             }
             return Err(StreamError::Blocked);
         }
         self.buffered += n as u64;
+        self.unsent += n as u64;
         self.enqueue(id);
         Ok(n)
     }
@@ -464,6 +523,7 @@ impl Streams {
             return Ok(());
         }
         self.buffered -= stream.send.buffered() as u64;
+        self.unsent -= stream.send.written() - stream.send.sent_offset();
         self.senders -= u64::from(!stream.send.is_finished());
         stream.reset_final_size = stream.send.sent_offset();
         stream.send.clear();
@@ -516,6 +576,7 @@ impl Streams {
             return;
         };
         self.buffered -= stream.send.buffered() as u64;
+        self.unsent -= stream.send.written() - stream.send.sent_offset();
         self.senders -= u64::from(!stream.send.is_finished() && stream.reset == ResetState::None);
         if stream.queued {
             self.scheduler.remove(id);
@@ -666,17 +727,23 @@ impl Streams {
                 });
                 bytes = chunk.len;
                 total += chunk.len;
-                self.sent_data += stream.send.sent_offset() - before;
+                let new = stream.send.sent_offset() - before;
+                self.sent_data += new;
+                self.unsent -= new;
             }
             let more = stream.wants_to_send(self.send_max_data - self.sent_data);
             stream.queued = more;
-            if bytes > 0 && stream.write_blocked && stream.unsent_limit != u64::MAX {
-                // Its queue bound freed room by sending, not by an acknowledgment.
+            if bytes > 0 && stream.write_blocked && stream.blocked_by_queue {
+                // Sending freed room in its own queue. (Its entry in the list stays; waking
+                // skips a stream no longer blocked.)
                 stream.write_blocked = false;
-                self.write_blocked.retain(|&w| w != id);
                 self.events.push_back(StreamEvent::Writable(id));
             }
             self.scheduler.sent(id, bytes, more, now);
+        }
+        if self.unsent <= self.pace / 2 && !self.queue_blocked.is_empty() {
+            // The connection's queue drained to half: the streams it held back may write.
+            Self::wake(&mut self.map, &mut self.queue_blocked, &mut self.events);
         }
         total
     }
@@ -722,10 +789,19 @@ impl Streams {
     }
 
     fn wake_writers(&mut self) {
-        for id in self.write_blocked.drain(..) {
-            if let Some(stream) = self.map.get_mut(&id) {
+        Self::wake(&mut self.map, &mut self.write_blocked, &mut self.events);
+    }
+
+    /// Tells the streams of `list` that are still blocked that they may write.
+    fn wake(
+        map: &mut HashMap<StreamId, Stream>,
+        list: &mut Vec<StreamId>,
+        events: &mut VecDeque<StreamEvent>,
+    ) {
+        for id in list.drain(..) {
+            if let Some(stream) = map.get_mut(&id).filter(|s| s.write_blocked) {
                 stream.write_blocked = false;
-                self.events.push_back(StreamEvent::Writable(id));
+                events.push_back(StreamEvent::Writable(id));
             }
         }
     }

@@ -490,6 +490,9 @@ pub struct Transfers {
     pub first_byte: Option<Instant>,
     read_buf: Vec<u8>,
     write_buf: Vec<u8>,
+    /// What `write_buf` holds: the transfer number, the stream offset of its first byte,
+    /// and its length (content is made once, however little of it a write takes).
+    write_buf_holds: Option<(u64, u64, usize)>,
 }
 
 impl Transfers {
@@ -523,6 +526,7 @@ impl Transfers {
             first_byte: None,
             read_buf: vec![0; 256 * 1024],
             write_buf: vec![0; 256 * 1024],
+            write_buf_holds: None,
         }
     }
 
@@ -566,13 +570,24 @@ impl Transfers {
         };
         let connection = end(pair, self.from, self.local);
         while t.written < t.total {
-            let len = ((t.total - t.written) as usize).min(self.write_buf.len());
-            for (i, b) in self.write_buf[..len].iter_mut().enumerate() {
-                *b = content(t.n, t.written + i as u64);
-            }
-            match connection.write(id, &self.write_buf[..len]) {
+            let at = match self.write_buf_holds {
+                Some((n, start, len))
+                    if n == t.n && start <= t.written && t.written < start + len as u64 =>
+                {
+                    (t.written - start) as usize..len
+                }
+                _ => {
+                    let len = ((t.total - t.written) as usize).min(self.write_buf.len());
+                    for (i, b) in self.write_buf[..len].iter_mut().enumerate() {
+                        *b = content(t.n, t.written + i as u64);
+                    }
+                    self.write_buf_holds = Some((t.n, t.written, len));
+                    0..len
+                }
+            };
+            match connection.write(id, &self.write_buf[at.clone()]) {
                 Ok(n) => {
-                    t.sent_hash.write(&self.write_buf[..n]);
+                    t.sent_hash.write(&self.write_buf[at.start..at.start + n]);
                     t.written += n as u64;
                 }
                 Err(StreamError::Blocked) => return,

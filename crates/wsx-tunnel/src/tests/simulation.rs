@@ -607,8 +607,18 @@ fn a_slow_reader_bounds_the_buffers() {
         pair.now - pair.epoch > Duration::from_secs(5)
     });
     // Nobody reads: the peer holds one window (delivered and acknowledged, so gone from the
-    // send buffer), the sender buffers its send buffer's worth, no more.
-    assert_eq!(written, (1 << 20) + (2 << 20));
+    // send buffer); the sender queues what the path's pace allows, within its send buffer.
+    let stats = pair.client().stats();
+    assert_eq!(
+        stats.send_buffered, stats.send_unsent,
+        "nothing unacknowledged"
+    );
+    assert!(
+        stats.send_unsent <= stats.send_budget.min(2 << 20),
+        "{stats:?}"
+    );
+    assert!(stats.send_unsent >= 256 * 1024, "{stats:?}");
+    assert_eq!(written as u64, (1 << 20) + stats.send_unsent);
     // Nothing but keepalive PINGs is in flight: everything the window allowed was delivered.
     let in_flight = pair.client().bytes_in_flight();
     assert!(in_flight < 100, "{in_flight} bytes in flight");
@@ -619,6 +629,48 @@ fn a_slow_reader_bounds_the_buffers() {
         .expect("data is there")
         .expect("not finished");
     assert_eq!(got, 1 << 20, "the receiver holds exactly one window");
+}
+
+/// An application that writes as fast as the stream takes, over a 100 Mbit/s path of
+/// 100 ms with 1 % loss: the sender queues no more than the congestion window of unsent
+/// bytes, and holds in all (with what is in flight and data acknowledged above a repair
+/// still on its way) a few of the path's bandwidth-delay products, not the 8 MiB its send
+/// buffer allows; and the path stays as full as without the bound.
+#[test]
+fn a_fast_writer_is_read_at_the_pace_of_the_path() {
+    let bdp = RATE / 10;
+    let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(0.01), 29);
+    let mut transfers = endless_stream(&mut pair);
+    let (mut most, mut most_unsent) = (0, 0);
+    let (mut total, mut total_unsent, mut samples) = (0u128, 0u128, 0u128);
+    let steady = pair.now + Duration::from_secs(3);
+    let end = pair.now + Duration::from_secs(20);
+    pair.run_until(Duration::from_secs(21), |pair| {
+        transfers.pump(pair);
+        if pair.now >= steady {
+            let stats = pair.client().stats();
+            most = most.max(stats.send_buffered);
+            most_unsent = most_unsent.max(stats.send_unsent);
+            total += u128::from(stats.send_buffered);
+            total_unsent += u128::from(stats.send_unsent);
+            samples += 1;
+        }
+        pair.now >= end
+    });
+    let mean = |t: u128| (t / samples.max(1)) as f64 / bdp as f64;
+    let (mean, mean_unsent) = (mean(total), mean(total_unsent));
+    let (most, most_unsent) = (most as f64 / bdp as f64, most_unsent as f64 / bdp as f64);
+    // Seen: unsent 2.28 BDP at most (2.27 on average); held 4.77 at most, 3.37 on average.
+    // Without the pace, the stream's 8 MiB send buffer (6.7 BDP) was the only limit.
+    assert!(most_unsent <= 3.0, "queued {most_unsent:.2} BDP");
+    assert!(
+        mean_unsent >= 1.0,
+        "queued only {mean_unsent:.2} BDP: the pacer may starve"
+    );
+    assert!(most <= 5.5, "held {most:.2} BDP");
+    assert!(mean <= 4.0, "held {mean:.2} BDP on average");
+    let used = utilization(&transfers, 30, 200, RATE);
+    assert!(used >= 0.90, "utilization {used:.3}");
 }
 
 #[derive(Debug, Clone)]

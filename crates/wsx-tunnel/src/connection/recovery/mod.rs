@@ -40,6 +40,9 @@ const BLACK_HOLE_PACKETS: u32 = 8;
 // ...and the peer was heard from after the first of them left.
 /// Frame lists kept for reuse, so that sending a packet allocates nothing.
 const SPARE_FRAME_LISTS: usize = 1024;
+/// The least the streams may queue for sending, whatever the window: enough for a fresh
+/// connection's first rounds, and for a path whose window a loss just cut.
+pub(super) const MIN_SEND_BUDGET: u64 = 256 * 1024;
 
 /// What a sent packet carried that must be acted on when it is acknowledged or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +208,16 @@ impl Recovery {
     pub(super) fn window_room(&self) -> u64 {
         let window = self.controller.as_ref().map_or(0, |c| c.window());
         window.saturating_sub(self.in_flight)
+    }
+
+    /// The most bytes all streams together may queue for sending, written and never sent:
+    /// the congestion window (twice the path's bandwidth-delay product once the controller
+    /// has measured it), never less than [`MIN_SEND_BUDGET`]. The application is read only as
+    /// fast as the path drains it, instead of filling the configured buffers with seconds of
+    /// data the far end has not seen; what is in flight is the window's to bound.
+    pub(super) fn send_budget(&self) -> u64 {
+        let window = self.controller.as_ref().map_or(0, |c| c.window());
+        window.max(MIN_SEND_BUDGET)
     }
 
     /// The controller's pacing rate, under the operator's cap.
