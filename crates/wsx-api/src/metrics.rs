@@ -10,7 +10,9 @@
 //! |---|---|---|
 //! | `wsx_info` | `version` | 1 |
 //! | `wsx_uptime_seconds` | | since the gateway started |
-//! | `wsx_session_capacity`, `wsx_max_sessions` | | sessions the open-file limit carries, and the configured limit |
+//! | `wsx_session_capacity`, `wsx_max_sessions` | | sessions the open-file limit and memory budget carry, and the configured limit |
+//! | `wsx_memory_budget_bytes`, `wsx_relay_buffer_budget_bytes`, `wsx_relay_buffer_lent_bytes` | | the memory budget, its part for relay buffers, and what is lent now |
+//! | `wsx_relay_buffers_refused_total` | | sessions that went on with their small buffer because the relay buffers' part was spent |
 //! | `wsx_sessions` | `route` | live sessions |
 //! | `wsx_sessions_opened_total` | `route` | |
 //! | `wsx_sessions_entered_total` | `entry`, `listener` | opened, by entry point: `intercepted`, `forward`, `socks` (with the listener's name), `tunnel` |
@@ -137,8 +139,33 @@ impl Collector for GatewayCollector {
         family(
             &mut e,
             "wsx_session_capacity",
-            "Sessions the open-file limit carries (beyond, new ones are refused at once)",
+            "Sessions the open-file limit and the memory budget carry (beyond, new ones are refused at once)",
             [gauge(vec![], gateway.session_capacity() as f64)],
+        )?;
+        let memory = gateway.memory();
+        family(
+            &mut e,
+            "wsx_memory_budget_bytes",
+            "The configured memory_budget",
+            [gauge(vec![], memory.budget as f64)],
+        )?;
+        family(
+            &mut e,
+            "wsx_relay_buffer_budget_bytes",
+            "The part of the memory budget large relay buffers are lent from",
+            [gauge(vec![], memory.relay_buffers_budget as f64)],
+        )?;
+        family(
+            &mut e,
+            "wsx_relay_buffer_lent_bytes",
+            "Large relay buffers lent to sessions now",
+            [gauge(vec![], memory.relay_buffers_lent as f64)],
+        )?;
+        family(
+            &mut e,
+            "wsx_relay_buffers_refused_total",
+            "Times a session went on with its small buffer because the relay buffers' part was spent",
+            [counter(vec![], memory.relay_buffers_refused)],
         )?;
         family(
             &mut e,

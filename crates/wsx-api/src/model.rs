@@ -29,7 +29,21 @@ pub struct Status {
     pub max_sessions: u64,
     #[serde(default)]
     pub session_capacity: u64,
+    /// The configured `memory_budget` (bytes), and the relay buffers lent from it.
+    #[serde(default)]
+    pub memory: Memory,
     pub totals: Totals,
+}
+
+/// The memory budget in [`Status`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct Memory {
+    pub budget: u64,
+    /// The part large relay buffers are lent from, what is lent now, and how often a session
+    /// went on with its small buffer because that part was spent.
+    pub relay_buffers_budget: u64,
+    pub relay_buffers_lent: u64,
+    pub relay_buffers_refused: u64,
 }
 
 /// A peer's health in [`Status`].

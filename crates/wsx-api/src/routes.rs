@@ -284,6 +284,15 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<Status> {
         sessions,
         max_sessions: gateway.max_sessions() as u64,
         session_capacity: gateway.session_capacity() as u64,
+        memory: {
+            let m = gateway.memory();
+            Memory {
+                budget: m.budget,
+                relay_buffers_budget: m.relay_buffers_budget,
+                relay_buffers_lent: m.relay_buffers_lent,
+                relay_buffers_refused: m.relay_buffers_refused,
+            }
+        },
         totals: Totals::new(&totals),
     })
 }

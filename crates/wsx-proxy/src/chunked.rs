@@ -181,7 +181,9 @@ impl<S: AsyncWrite + Unpin> Chunked<S> {
             }
             self.out_at += n;
         }
-        self.out.clear();
+        // Given back, not kept: an idle session holds no chunk buffer (the allocator reuses
+        // the memory for the next chunk, of this session or another).
+        self.out = Vec::new();
         self.out_at = 0;
         Poll::Ready(Ok(()))
     }
@@ -247,7 +249,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
                 buf.put_slice(&this.plain[this.plain_at..this.plain_at + n]);
                 this.plain_at += n;
                 if this.plain_at == this.plain.len() {
-                    this.plain.clear();
+                    this.plain = Vec::new();
                     this.plain_at = 0;
                 }
                 return Poll::Ready(Ok(()));
@@ -357,6 +359,7 @@ impl<S: AsyncRead + Unpin> Chunked<S> {
         }
         self.counters
             .received(header.len + header.wire, header.plain, start.elapsed());
+        self.payload = Vec::new();
         self.state = ReadState::Header { have: 0 };
         Poll::Ready(Ok(if self.plain.is_empty() {
             Step::Done

@@ -178,6 +178,9 @@ impl GatewayConfig {
         {
             return Some("the tunnel's max_datagram or max_rate_mbit");
         }
+        if new.sessions.memory_budget != self.sessions.memory_budget {
+            return Some("memory_budget");
+        }
         if new.forwards != self.forwards || new.socks != self.socks {
             return Some("the forwarding and SOCKS listeners");
         }
@@ -244,9 +247,12 @@ pub struct SessionConfig {
     /// Sessions at once (both directions); beyond it new intercepted connections bypass and
     /// inbound streams are refused.
     pub max_sessions: usize,
-    /// The relay's buffer per direction per session. With the tunnel's stream buffers this
-    /// bounds a session's memory.
+    /// The relay's large buffer per direction, borrowed while data flows
+    /// ([`SessionConfig::memory_budget`] bounds how many are out at once).
     pub relay_buffer: usize,
+    /// The memory the gateway's buffers may take (see [`MemoryBudget`]): the tunnels' send
+    /// and receive windows, relay buffers, and the sessions themselves. Taken at start.
+    pub memory_budget: u64,
     pub connect_timeout: Duration,
     /// A session with no traffic either way for this long is reset.
     pub idle_timeout: Duration,
@@ -261,11 +267,53 @@ impl Default for SessionConfig {
         Self {
             max_sessions: 100_000,
             relay_buffer: 64 * 1024,
+            memory_budget: crate::sys::default_memory_budget(),
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(2 * 3600),
             tcp_keepalive: Some(Duration::from_secs(60)),
             health_timeout: Duration::from_secs(2),
         }
+    }
+}
+
+/// How a gateway divides its [`SessionConfig::memory_budget`]; every part is a bound that
+/// holds whatever the traffic does.
+///
+/// - **Tunnels**, half: each peer's tunnel may hold a quarter of the budget divided by the
+///   number of peers for sending, and as much for receiving (its connection window), at
+///   most the transport's own settings (64 MiB each by default). What a tunnel holds for
+///   sending is also held to its congestion window (the path's pace), so it is usually far
+///   below the bound.
+/// - **Relay buffers**, a quarter: large buffers lent to sessions while data flows.
+/// - **Sessions**, a quarter: [`MemoryBudget::PER_SESSION`] each, from accept to end (the
+///   task, its small buffers, the tunnel stream's state, the socket's bookkeeping). This is
+///   what limits how many sessions the budget carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    pub total: u64,
+}
+
+impl MemoryBudget {
+    /// What one session costs at most outside the shared parts (measured idle: see
+    /// BENCHMARKS.md), rounded up.
+    pub const PER_SESSION: u64 = 32 * 1024;
+
+    /// The bound on each tunnel's send buffer and on its connection window, with `peers`
+    /// peers.
+    pub fn per_tunnel(&self, peers: usize) -> u64 {
+        self.total / 4 / peers.max(1) as u64
+    }
+
+    /// The bytes of large relay buffers lent at once.
+    pub fn relay_buffers(&self) -> u64 {
+        self.total / 4
+    }
+
+    /// Sessions the budget carries.
+    pub fn sessions(&self) -> usize {
+        usize::try_from(self.total / 4 / Self::PER_SESSION)
+            .unwrap_or(usize::MAX)
+            .max(1)
     }
 }
 

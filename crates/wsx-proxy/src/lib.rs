@@ -36,6 +36,7 @@
 //! The crate needs a tokio runtime; [`Gateway::start`] spawns its tasks on the current one.
 
 pub mod addrs;
+mod buffers;
 mod chunked;
 mod config;
 mod every;
@@ -53,10 +54,10 @@ pub mod sys;
 pub use addrs::{ClientAddr, OrigDstAddr};
 pub use chunked::CompressionStats;
 pub use config::{
-    ForwardConfig, GatewayConfig, GatewayError, InterceptConfig, ListenerKind, PeerConfigError,
-    SessionConfig, SocksConfig,
+    ForwardConfig, GatewayConfig, GatewayError, InterceptConfig, ListenerKind, MemoryBudget,
+    PeerConfigError, SessionConfig, SocksConfig,
 };
-pub use gateway::Gateway;
+pub use gateway::{Gateway, MemoryStatus};
 pub use peers::{DEFAULT_COMPRESSION_LEVEL, FailurePolicy, PeerConfig, PeerStatus, TunnelStatus};
 pub use relay::code as reset_code;
 pub use session::{Entry, GatewayTotals, Route, SessionInfo, SessionState, TrafficTotals};

@@ -2,10 +2,13 @@
 //! bypassing) with bounded buffers, half-close and reset propagation, byte counts and an
 //! idle timeout.
 //!
-//! - **Backpressure**: each direction has one buffer of the configured size. When the
-//!   writing side blocks (a slow server fills the tunnel stream's window, which fills this
-//!   gateway's send buffer), the relay stops reading, the client's TCP window closes, and
-//!   memory stays where it was.
+//! - **Backpressure**: each direction has one buffer at a time. When the writing side blocks
+//!   (a slow server fills the tunnel stream's window, which fills this gateway's send
+//!   buffer), the relay stops reading, the client's TCP window closes, and memory stays
+//!   where it was.
+//! - **Memory**: each direction keeps a small buffer and borrows one of the configured size
+//!   only while data flows ([`crate::buffers`]): an idle session holds 4 KiB of relay
+//!   buffers, not twice `relay_buffer` each way.
 //! - **Half-close**: the end of one direction (a FIN, a stream finish) is passed on as the
 //!   same and the other direction keeps flowing (`tokio::io::copy_bidirectional`).
 //! - **Reset**: an error on either side (a client's RST, a stream reset by the far gateway
@@ -15,11 +18,14 @@
 //!   with a RST) is told apart from a failure: it travels as [`code::RESET`] and both
 //!   gateways log it as the session's end, not as an error.
 
+use crate::buffers::{Buffer, RelayBuffers, SMALL};
 use crate::session::{Session, SessionState};
+use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -114,6 +120,13 @@ pub(crate) enum Outcome {
     Killed,
 }
 
+/// Where a relay's buffers come from: the gateway's budget, and the size it lends.
+#[derive(Debug, Clone)]
+pub(crate) struct Buffers {
+    pub(crate) from: Arc<RelayBuffers>,
+    pub(crate) size: usize,
+}
+
 /// Relays between `client` (the side facing the TCP client) and `server` (the side toward
 /// the server: a tunnel stream, or a TCP socket when bypassing) until both directions end
 /// or something fails; see the module documentation.
@@ -121,7 +134,7 @@ pub(crate) async fn relay<C: Side, S: Side>(
     mut client: C,
     mut server: S,
     session: &Session,
-    buffer: usize,
+    buffers: Buffers,
     idle_timeout: Duration,
     stop: impl std::future::Future<Output = Outcome>,
 ) -> Outcome {
@@ -139,7 +152,7 @@ pub(crate) async fn relay<C: Side, S: Side>(
             counters: [&session.from_server, &session.traffic.from_server],
             side: "server",
         };
-        let copy = tokio::io::copy_bidirectional_with_sizes(&mut c, &mut s, buffer, buffer);
+        let copy = copy_both(&mut c, &mut s, &buffers);
         tokio::select! {
             result = copy => match result {
                 Ok(_) => Outcome::Complete,
@@ -159,6 +172,142 @@ pub(crate) async fn relay<C: Side, S: Side>(
     client.abort(code);
     server.abort(code);
     outcome
+}
+
+/// Copies both ways until both directions ended (each end passed on as a shutdown), or one
+/// failed.
+async fn copy_both<A, B>(a: &mut A, b: &mut B, buffers: &Buffers) -> io::Result<()>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut a_to_b = Direction::new(buffers);
+    let mut b_to_a = Direction::new(buffers);
+    poll_fn(|cx| {
+        let there = a_to_b.poll(cx, a, b)?;
+        let back = b_to_a.poll(cx, b, a)?;
+        if there.is_ready() && back.is_ready() {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// One direction of a relay: read into a buffer, write it all, again, until the end.
+struct Direction<'a> {
+    buffers: &'a Buffers,
+    small: [u8; SMALL],
+    /// Borrowed while data flows.
+    large: Option<Buffer>,
+    /// The bytes `at..len` of the buffer they were read into wait to be written.
+    at: usize,
+    len: usize,
+    in_large: bool,
+    /// The reader reached its end; the writer was shut down.
+    read_done: bool,
+    done: bool,
+    /// Written since the last flush.
+    unflushed: bool,
+}
+
+impl<'a> Direction<'a> {
+    fn new(buffers: &'a Buffers) -> Self {
+        Self {
+            buffers,
+            small: [0; SMALL],
+            large: None,
+            at: 0,
+            len: 0,
+            in_large: false,
+            read_done: false,
+            done: false,
+            unflushed: false,
+        }
+    }
+
+    /// The buffer to read into: the large one while it is held.
+    fn buffer(&mut self) -> &mut [u8] {
+        self.in_large = self.large.is_some();
+        match &mut self.large {
+            Some(large) => large,
+            None => &mut self.small,
+        }
+    }
+
+    fn poll<R, W>(&mut self, cx: &mut Context<'_>, r: &mut R, w: &mut W) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        if self.done {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if self.at == self.len && !self.read_done {
+                let mut read = ReadBuf::new(self.buffer());
+                match Pin::new(&mut *r).poll_read(cx, &mut read) {
+                    Poll::Ready(Ok(())) => {
+                        let n = read.filled().len();
+                        let full = n == read.capacity();
+                        (self.at, self.len) = (0, n);
+                        if n == 0 {
+                            self.read_done = true;
+                        } else if full && self.large.is_none() {
+                            // Data flows: borrow room (if the budget has it), move what the
+                            // small buffer holds there and fill the rest, so that this turn
+                            // still ends in one write.
+                            self.large = self.buffers.from.take(self.buffers.size);
+                            if let Some(large) = &mut self.large {
+                                large[..n].copy_from_slice(&self.small[..n]);
+                                self.in_large = true;
+                                let mut more = ReadBuf::new(&mut large[n..]);
+                                match Pin::new(&mut *r).poll_read(cx, &mut more) {
+                                    Poll::Ready(Ok(())) if more.filled().is_empty() => {
+                                        self.read_done = true;
+                                    }
+                                    Poll::Ready(Ok(())) => self.len += more.filled().len(),
+                                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                                    Poll::Pending => {}
+                                }
+                            }
+                        }
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => {
+                        // Nothing waits: the large buffer goes back until data flows again.
+                        self.large = None;
+                        if self.unflushed {
+                            ready!(Pin::new(&mut *w).poll_flush(cx))?;
+                            self.unflushed = false;
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            }
+            while self.at < self.len {
+                let (at, len) = (self.at, self.len);
+                let data = match &self.large {
+                    Some(large) if self.in_large => &large[at..len],
+                    _ => &self.small[at..len],
+                };
+                let n = ready!(Pin::new(&mut *w).poll_write(cx, data))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.at += n;
+                self.unflushed = true;
+            }
+            if self.read_done {
+                ready!(Pin::new(&mut *w).poll_flush(cx))?;
+                ready!(Pin::new(&mut *w).poll_shutdown(cx))?;
+                self.done = true;
+                self.large = None;
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
 }
 
 /// An error of one side of a relay, with the side's name.
@@ -318,6 +467,58 @@ mod tests {
         ));
     }
 
+    /// Data flows through a borrowed buffer, which goes back once nothing waits; with the
+    /// budget spent, the small buffers carry every byte just the same.
+    #[tokio::test]
+    async fn buffers_are_borrowed_while_data_flows_and_given_back() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        for budget in [1 << 20, 0] {
+            let from = RelayBuffers::new(budget);
+            let buffers = Buffers {
+                from: from.clone(),
+                size: 64 * 1024,
+            };
+            let (mut app_client, mut client_side) = pair().await;
+            let (mut server_side, mut app_server) = pair().await;
+            let relay = tokio::spawn(async move {
+                copy_both(&mut client_side, &mut server_side, &buffers).await
+            });
+            let data: Vec<u8> = (0..4_000_000u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect();
+            let sent = data.clone();
+            let writer =
+                tokio::spawn(async move { app_client.write_all(&sent).await.map(|()| app_client) });
+            let mut got = vec![0; data.len()];
+            let read = app_server.read_exact(&mut got).await;
+            assert!(read.is_ok(), "{read:?}");
+            assert!(got == data, "the bytes arrived as sent");
+            let mut app_client = writer
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while from.lent() > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(from.lent(), 0, "an idle relay holds no large buffer");
+            if budget == 0 {
+                assert!(from.refused() > 0, "the spent budget was asked and refused");
+            } else {
+                assert_eq!(from.refused(), 0);
+            }
+            // Both ends close: the relay passes each end on and completes.
+            let closed = app_client.shutdown().await;
+            assert!(closed.is_ok());
+            let mut rest = Vec::new();
+            let end = app_server.read_to_end(&mut rest).await;
+            assert!(matches!(end, Ok(0)), "{end:?}");
+            assert!(app_server.shutdown().await.is_ok());
+            let copied = relay.await.unwrap_or_else(|e| panic!("{e}"));
+            assert!(copied.is_ok(), "{copied:?}");
+        }
+    }
+
     /// A connected pair of loopback TCP sockets.
     async fn pair() -> (TcpStream, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0")
@@ -358,7 +559,10 @@ mod tests {
                 client_side,
                 server_side,
                 &guard,
-                4096,
+                Buffers {
+                    from: RelayBuffers::new(1 << 20),
+                    size: 4096,
+                },
                 idle,
                 std::future::pending(),
             )

@@ -264,6 +264,23 @@ pub fn refuse_waiting(listener: &TcpListener) -> bool {
     true
 }
 
+/// The default memory budget: a quarter of the host's memory (`MemTotal`), at least 64 MiB;
+/// 1 GiB when the host's memory cannot be read.
+pub fn default_memory_budget() -> u64 {
+    const FLOOR: u64 = 64 << 20;
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| mem_total(&info));
+    total.map_or(1 << 30, |bytes| (bytes / 4).max(FLOOR))
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+fn mem_total(info: &str) -> Option<u64> {
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// The soft limit on open descriptors now in force.
 pub fn descriptor_limit() -> io::Result<u64> {
     Ok(open_file_limit()?.rlim_cur)
@@ -347,6 +364,14 @@ fn set_int(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mem_total_is_read_from_meminfo() {
+        let info = "MemTotal:       24615424 kB\nMemFree:         1000 kB\n";
+        assert_eq!(mem_total(info), Some(24_615_424 * 1024));
+        assert_eq!(mem_total("MemFree: 12 kB\n"), None);
+        assert_eq!(mem_total("MemTotal: lots kB\n"), None);
+    }
 
     /// A client that marks its packets, on each family and on a dual-stack listener.
     #[tokio::test]

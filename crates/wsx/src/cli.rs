@@ -469,13 +469,23 @@ fn status_table(s: &Status) {
     );
     if s.session_capacity > 0 {
         let short = if s.session_capacity < s.max_sessions {
-            ": the open-file limit, not max_sessions, is the limit (raise LimitNOFILE)"
+            ": the open-file limit or the memory budget, not max_sessions, is the limit"
         } else {
             ""
         };
         println!(
-            "capacity        {} sessions by the open-file limit, max_sessions {}{short}",
+            "capacity        {} sessions by the open-file limit and memory budget, max_sessions {}{short}",
             s.session_capacity, s.max_sessions
+        );
+    }
+    let m = &s.memory;
+    if m.budget > 0 {
+        println!(
+            "memory budget   {} MiB; relay buffers {:.1} of {} MiB lent, {} times refused",
+            m.budget >> 20,
+            m.relay_buffers_lent as f64 / f64::from(1 << 20),
+            m.relay_buffers_budget >> 20,
+            m.relay_buffers_refused
         );
     }
     let t = &s.totals;

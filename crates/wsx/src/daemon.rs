@@ -21,6 +21,7 @@ pub(crate) fn run(path: &Path) -> Result<()> {
     let api = loaded.api()?;
     let log = init_logging(&loaded.config.log.level)?;
     check_descriptors(config.sessions.max_sessions);
+    check_memory(&config.sessions);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("wsx")
@@ -145,6 +146,31 @@ async fn watchdog() {
     loop {
         interval.tick().await;
         notify(&[sd_notify::NotifyState::Watchdog]);
+    }
+}
+
+/// Says how the memory budget is divided, and warns when it carries fewer sessions than
+/// `max_sessions`: beyond what it carries the gateway refuses new sessions at once.
+fn check_memory(sessions: &wsx_proxy::SessionConfig) {
+    let budget = wsx_proxy::MemoryBudget {
+        total: sessions.memory_budget,
+    };
+    let carried = budget.sessions();
+    info!(
+        memory_budget_mib = budget.total >> 20,
+        relay_buffers_mib = budget.relay_buffers() >> 20,
+        sessions = carried,
+        "memory budget"
+    );
+    if sessions.max_sessions > carried {
+        warn!(
+            max_sessions = sessions.max_sessions,
+            memory_budget_mib = budget.total >> 20,
+            session_capacity = carried,
+            "the memory budget carries about {carried} sessions, not max_sessions: raise \
+             memory_budget_mib (32 KiB per session in its quarter for sessions) or lower \
+             max_sessions"
+        );
     }
 }
 

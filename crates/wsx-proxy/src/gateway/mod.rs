@@ -81,8 +81,23 @@ struct Inner {
     shaping_on: AtomicBool,
     /// The hint about `transparent_origin` was logged (once per run).
     origin_hinted: AtomicBool,
-    /// Sessions held against the open-file limit.
+    /// Sessions held against the open-file limit and the memory budget.
     descriptors: Descriptors,
+    /// Large relay buffers, lent within the memory budget.
+    relay_buffers: Arc<crate::buffers::RelayBuffers>,
+}
+
+/// The memory budget's state ([`Gateway::memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStatus {
+    /// The configured `memory_budget`, bytes.
+    pub budget: u64,
+    /// The part of it large relay buffers are lent from, and what is lent now.
+    pub relay_buffers_budget: u64,
+    pub relay_buffers_lent: u64,
+    /// Times a session went on with its small buffer because the budget was spent.
+    pub relay_buffers_refused: u64,
 }
 
 /// How many sessions the open-file limit carries, and how many hold descriptors now: a
@@ -120,11 +135,12 @@ const DESCRIPTORS_PER_SESSION: u64 = 2;
 const DESCRIPTORS_RESERVED: u64 = 64;
 
 impl Descriptors {
-    /// For the process's open-file limit (as it is now: the daemon raises it first).
-    fn new() -> Self {
+    /// For the process's open-file limit (as it is now: the daemon raises it first), and at
+    /// most `by_memory` sessions (what the memory budget carries).
+    fn new(by_memory: usize) -> Self {
         let limit = sys::descriptor_limit().unwrap_or(u64::MAX);
         Self {
-            capacity: Gateway::capacity_for(limit),
+            capacity: Gateway::capacity_for(limit).min(by_memory),
             holding: Arc::default(),
             refusals: Every::new(Duration::from_secs(10)),
         }
@@ -181,7 +197,10 @@ impl Gateway {
     /// Binds the tunnel socket and the listeners, installs the rules and starts serving.
     pub async fn start(config: GatewayConfig) -> Result<Self, GatewayError> {
         config.validate_peers()?;
-        let driver = bind_tunnel(&config)?;
+        let budget = crate::MemoryBudget {
+            total: config.sessions.memory_budget,
+        };
+        let driver = bind_tunnel(&config, budget)?;
         info!(address = %driver.local_addr(), public_key = %driver.public_key(), "tunnel listening");
         let transparent = match &config.intercept {
             Some(intercept) => listener::bind_transparent(intercept.port)?,
@@ -215,7 +234,10 @@ impl Gateway {
             shaper: Mutex::new(None),
             shaping_on: AtomicBool::new(false),
             origin_hinted: AtomicBool::new(false),
-            descriptors: Descriptors::new(),
+            descriptors: Descriptors::new(budget.sessions()),
+            relay_buffers: crate::buffers::RelayBuffers::new(
+                usize::try_from(budget.relay_buffers()).unwrap_or(usize::MAX),
+            ),
         });
         if let Some(c) = &config.shaping {
             inner.shaping_on_with(c)?;
@@ -238,10 +260,21 @@ impl Gateway {
         Ok(Self { inner })
     }
 
-    /// How many sessions this gateway's open-file limit carries (as it was at start):
-    /// beyond it, new sessions are refused at once.
+    /// How many sessions this gateway's open-file limit and memory budget carry (as they
+    /// were at start): beyond it, new sessions are refused at once.
     pub fn session_capacity(&self) -> usize {
         self.inner.descriptors.capacity
+    }
+
+    /// The memory budget and what its relay buffers lend now.
+    pub fn memory(&self) -> MemoryStatus {
+        let buffers = &self.inner.relay_buffers;
+        MemoryStatus {
+            budget: self.inner.config().sessions.memory_budget,
+            relay_buffers_budget: buffers.budget() as u64,
+            relay_buffers_lent: buffers.lent() as u64,
+            relay_buffers_refused: buffers.refused(),
+        }
     }
 
     /// The configured `max_sessions`.
@@ -399,10 +432,21 @@ impl Gateway {
 }
 
 /// The tunnel's driver on its UDP socket. Both ends PING at a quarter of the health timeout
-/// when idle, so that a silent tunnel means a dead peer.
-fn bind_tunnel(config: &GatewayConfig) -> Result<Driver, GatewayError> {
+/// when idle, so that a silent tunnel means a dead peer. Each tunnel's buffers stay within
+/// its part of the memory budget.
+fn bind_tunnel(
+    config: &GatewayConfig,
+    budget: crate::MemoryBudget,
+) -> Result<Driver, GatewayError> {
     let mut transport = config.transport.clone();
     transport.keepalive = transport.keepalive.min(config.sessions.health_timeout / 4);
+    let per_tunnel = budget.per_tunnel(config.peers.len());
+    transport.connection_send_buffer = transport.connection_send_buffer.min(per_tunnel);
+    transport.connection_window = transport.connection_window.min(per_tunnel);
+    transport.stream_send_buffer = transport
+        .stream_send_buffer
+        .min(transport.connection_send_buffer);
+    transport.stream_window = transport.stream_window.min(transport.connection_window);
     let mut endpoint = EndpointConfig::new(
         config.secret.clone(),
         config.peers.iter().map(|p| p.public_key).collect(),

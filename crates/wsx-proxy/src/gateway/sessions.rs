@@ -430,11 +430,15 @@ impl Inner {
         buffer: usize,
     ) -> Outcome {
         let config = self.config();
+        let buffers = relay::Buffers {
+            from: self.relay_buffers.clone(),
+            size: buffer,
+        };
         relay::relay(
             client,
             server,
             session,
-            buffer,
+            buffers,
             config.sessions.idle_timeout,
             async {
                 session.kill.cancelled().await;

@@ -93,6 +93,9 @@ pub(crate) struct Sessions {
     pub(crate) transparent_origin: Option<bool>,
     pub(crate) max_sessions: usize,
     pub(crate) relay_buffer_kib: usize,
+    /// Unset: a quarter of the host's memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) memory_budget_mib: Option<u64>,
     #[serde(with = "humantime_serde")]
     pub(crate) connect_timeout: Duration,
     #[serde(with = "humantime_serde")]
@@ -113,6 +116,7 @@ impl Default for Sessions {
             transparent_origin: None,
             max_sessions: d.max_sessions,
             relay_buffer_kib: d.relay_buffer / 1024,
+            memory_budget_mib: None,
             connect_timeout: d.connect_timeout,
             idle_timeout: d.idle_timeout,
             tcp_keepalive: d.tcp_keepalive.unwrap_or_default(),
@@ -604,6 +608,9 @@ impl Loaded {
             };
             return Err(self.error_at(&["sessions", zero], "must be non-zero"));
         }
+        if s.memory_budget_mib.is_some_and(|mib| mib < 16) {
+            return Err(self.error_at(&["sessions", "memory_budget_mib"], "at least 16 (MiB)"));
+        }
         if s.health_timeout < Duration::from_millis(200) {
             return Err(self.error_at(&["sessions", "health_timeout"], "at least 200ms"));
         }
@@ -613,6 +620,9 @@ impl Loaded {
         let mut sessions = SessionConfig::default();
         sessions.max_sessions = s.max_sessions;
         sessions.relay_buffer = s.relay_buffer_kib * 1024;
+        if let Some(mib) = s.memory_budget_mib {
+            sessions.memory_budget = mib.saturating_mul(1 << 20);
+        }
         sessions.connect_timeout = s.connect_timeout;
         sessions.idle_timeout = s.idle_timeout;
         sessions.tcp_keepalive = (!s.tcp_keepalive.is_zero()).then_some(s.tcp_keepalive);
@@ -821,6 +831,20 @@ mod tests {
         ))
         .unwrap();
         assert!(c.transparent_origin, "asked for without interception");
+    }
+
+    #[test]
+    fn the_memory_budget_is_the_host_s_quarter_unless_set() {
+        let c = parse(&format!("[tunnel]\nprivate_key = \"{KEY_A}\"\n")).unwrap();
+        assert_eq!(
+            c.sessions.memory_budget,
+            wsx_proxy::sys::default_memory_budget()
+        );
+        let c = parse(&format!(
+            "[tunnel]\nprivate_key = \"{KEY_A}\"\n[sessions]\nmemory_budget_mib = 100\n"
+        ))
+        .unwrap();
+        assert_eq!(c.sessions.memory_budget, 100 << 20);
     }
 
     #[test]
@@ -1105,6 +1129,10 @@ fec = "off"
             (
                 "[sessions]\nmax_sessions = 0\n",
                 "wsx.toml:4:16: sessions.max_sessions:",
+            ),
+            (
+                "[sessions]\nmemory_budget_mib = 8\n",
+                "wsx.toml:4:21: sessions.memory_budget_mib: at least 16",
             ),
             (
                 "[intercept]\nmark = 0\n",
