@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::hash::{DefaultHasher, Hasher};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -415,6 +415,31 @@ pub fn gateway_lab() -> Lab {
         ..WanSpec::default()
     };
     Lab::start(&wan.emulator_config()).unwrap()
+}
+
+/// A server on site B that echoes every connection until it closes; its address.
+pub fn echo_server(lab: &Lab) -> SocketAddr {
+    let listener = lab
+        .run_in(Node::Server, || {
+            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
+        })
+        .unwrap()
+        .unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    address
 }
 
 /// A directory for one lab's configuration files.

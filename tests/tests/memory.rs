@@ -14,7 +14,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use wsx_e2e::{Daemon, configs_with, digest, pseudo_random, wait_for_tunnel};
+use wsx_e2e::{Daemon, configs_with, digest, echo_server, pseudo_random, wait_for_tunnel};
 use wsx_lab::{Node, addr};
 use wsx_tunnel::SecretKey;
 
@@ -139,31 +139,6 @@ fn a_stalled_server_fills_the_gateways_only_to_their_budget_and_loses_nothing() 
             "{name} peaked at {peak} KiB, over its {budget_kib} KiB budget"
         );
     }
-}
-
-/// A server on site B that echoes every connection until it closes; its address.
-fn echo_server(lab: &wsx_lab::Lab) -> SocketAddr {
-    let listener = lab
-        .run_in(Node::Server, || {
-            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
-        })
-        .unwrap()
-        .unwrap();
-    let address = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 64];
-                while let Ok(n) = stream.read(&mut buf) {
-                    if n == 0 || stream.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    address
 }
 
 /// A thousand sessions, each echoed once and then idle: each gateway's peak RSS grows by

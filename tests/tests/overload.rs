@@ -7,36 +7,11 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
-use wsx_e2e::{Daemon, configs_with};
-use wsx_lab::{Lab, Node, addr};
+use wsx_e2e::{Daemon, configs_with, echo_server};
+use wsx_lab::{Node, addr};
 use wsx_tunnel::SecretKey;
-
-/// A server on site B that echoes every connection until it closes; its address.
-fn echo_server(lab: &Lab) -> SocketAddr {
-    let listener = lab
-        .run_in(Node::Server, || {
-            TcpListener::bind(SocketAddr::new(addr::server(false), 0))
-        })
-        .unwrap()
-        .unwrap();
-    let address = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = stream.read(&mut buf) {
-                    if n == 0 || stream.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    address
-}
 
 /// One session: connects through `entry`, sends a byte and waits for its echo. `Ok(stream)`
 /// when echoed, `Err(kind)` when refused, with how long it took either way.

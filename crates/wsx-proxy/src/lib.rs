@@ -40,6 +40,9 @@ mod buffers;
 mod chunked;
 mod config;
 mod every;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod gateway;
 mod listener;
 mod peers;
