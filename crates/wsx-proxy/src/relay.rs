@@ -254,7 +254,7 @@ impl<'a> Direction<'a> {
                         (self.at, self.len) = (0, n);
                         if n == 0 {
                             self.read_done = true;
-                        } else if full && self.large.is_none() {
+                        } else if full && self.large.is_none() && self.buffers.size > SMALL {
                             // Data flows: borrow room (if the budget has it), move what the
                             // small buffer holds there and fill the rest, so that this turn
                             // still ends in one write.
@@ -472,11 +472,12 @@ mod tests {
     #[tokio::test]
     async fn buffers_are_borrowed_while_data_flows_and_given_back() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        for budget in [1 << 20, 0] {
+        // A budget, none, and a configured buffer smaller than the small one (never borrowed).
+        for (budget, size) in [(1 << 20, 64 * 1024), (0, 64 * 1024), (1 << 20, 1024)] {
             let from = RelayBuffers::new(budget);
             let buffers = Buffers {
                 from: from.clone(),
-                size: 64 * 1024,
+                size,
             };
             let (mut app_client, mut client_side) = pair().await;
             let (mut server_side, mut app_server) = pair().await;
