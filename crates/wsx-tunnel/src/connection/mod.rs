@@ -399,6 +399,12 @@ impl Connection {
             )
     }
 
+    /// Entries in the streams' lists of blocked writers.
+    #[cfg(test)]
+    pub(crate) fn blocked_listed(&self) -> usize {
+        self.streams.blocked_listed()
+    }
+
     pub fn stream_meta(&self, id: StreamId) -> Option<&StreamMeta> {
         self.streams.meta(id)
     }

@@ -142,6 +142,8 @@ struct Stream {
     write_blocked: bool,
     /// ...and by a queue of unsent bytes, rather than for want of acknowledgments.
     blocked_by_queue: bool,
+    /// In `Streams::queue_blocked` (it stays there when its own sending wakes it).
+    queue_listed: bool,
     /// The most bytes written and not yet sent once (unacknowledged sent bytes do not
     /// count): a queue bound set by the application, e.g. a shaper's buffer.
     unsent_limit: u64,
@@ -168,6 +170,7 @@ impl Stream {
             readable_notified: false,
             write_blocked: false,
             blocked_by_queue: false,
+            queue_listed: false,
             unsent_limit: u64::MAX,
             dscp: 0,
             end_read: false,
@@ -433,7 +436,10 @@ impl Streams {
                 // (an acknowledgment does): woken by what will free it, and only by that.
                 stream.blocked_by_queue = buffer_room > 0;
                 if stream.blocked_by_queue {
-                    self.queue_blocked.push(id);
+                    if !stream.queue_listed {
+                        stream.queue_listed = true;
+                        self.queue_blocked.push(id);
+                    }
                 } else {
                     self.write_blocked.push(id);
                 }
@@ -743,7 +749,12 @@ impl Streams {
         }
         if self.unsent <= self.pace / 2 && !self.queue_blocked.is_empty() {
             // The connection's queue drained to half: the streams it held back may write.
-            Self::wake(&mut self.map, &mut self.queue_blocked, &mut self.events);
+            Self::wake(
+                &mut self.map,
+                &mut self.queue_blocked,
+                &mut self.events,
+                true,
+            );
         }
         total
     }
@@ -789,17 +800,36 @@ impl Streams {
     }
 
     fn wake_writers(&mut self) {
-        Self::wake(&mut self.map, &mut self.write_blocked, &mut self.events);
+        Self::wake(
+            &mut self.map,
+            &mut self.write_blocked,
+            &mut self.events,
+            false,
+        );
     }
 
-    /// Tells the streams of `list` that are still blocked that they may write.
+    /// Entries in the lists of blocked writers (a test's check that they stay bounded).
+    #[cfg(test)]
+    pub(crate) fn blocked_listed(&self) -> usize {
+        self.write_blocked.len() + self.queue_blocked.len()
+    }
+
+    /// Tells the streams of `list` (`queue`: `queue_blocked`) that are still blocked that
+    /// they may write.
     fn wake(
         map: &mut HashMap<StreamId, Stream>,
         list: &mut Vec<StreamId>,
         events: &mut VecDeque<StreamEvent>,
+        queue: bool,
     ) {
         for id in list.drain(..) {
-            if let Some(stream) = map.get_mut(&id).filter(|s| s.write_blocked) {
+            let Some(stream) = map.get_mut(&id) else {
+                continue;
+            };
+            if queue {
+                stream.queue_listed = false;
+            }
+            if stream.write_blocked {
                 stream.write_blocked = false;
                 events.push_back(StreamEvent::Writable(id));
             }

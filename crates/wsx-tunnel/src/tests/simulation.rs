@@ -641,7 +641,7 @@ fn a_fast_writer_is_read_at_the_pace_of_the_path() {
     let bdp = RATE / 10;
     let mut pair = pair(LinkConfig::new(RTT, 100).with_loss(0.01), 29);
     let mut transfers = endless_stream(&mut pair);
-    let (mut most, mut most_unsent) = (0, 0);
+    let (mut most, mut most_unsent, mut most_listed) = (0, 0, 0);
     let (mut total, mut total_unsent, mut samples) = (0u128, 0u128, 0u128);
     let steady = pair.now + Duration::from_secs(3);
     let end = pair.now + Duration::from_secs(20);
@@ -651,6 +651,7 @@ fn a_fast_writer_is_read_at_the_pace_of_the_path() {
             let stats = pair.client().stats();
             most = most.max(stats.send_buffered);
             most_unsent = most_unsent.max(stats.send_unsent);
+            most_listed = most_listed.max(pair.client().blocked_listed());
             total += u128::from(stats.send_buffered);
             total_unsent += u128::from(stats.send_unsent);
             samples += 1;
@@ -669,6 +670,11 @@ fn a_fast_writer_is_read_at_the_pace_of_the_path() {
     );
     assert!(most <= 5.5, "held {most:.2} BDP");
     assert!(mean <= 4.0, "held {mean:.2} BDP on average");
+    // A writer its own sending wakes again and again stays listed once.
+    assert!(
+        most_listed <= 2,
+        "{most_listed} entries for one blocked writer"
+    );
     let used = utilization(&transfers, 30, 200, RATE);
     assert!(used >= 0.90, "utilization {used:.3}");
 }
