@@ -399,6 +399,12 @@ impl Connection {
             )
     }
 
+    /// Streams the connection's map has room for.
+    #[cfg(test)]
+    pub(crate) fn stream_slots(&self) -> usize {
+        self.streams.slots()
+    }
+
     /// Entries in the streams' lists of blocked writers.
     #[cfg(test)]
     pub(crate) fn blocked_listed(&self) -> usize {

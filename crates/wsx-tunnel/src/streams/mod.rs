@@ -192,6 +192,9 @@ impl Stream {
     }
 }
 
+/// Below this many slots the stream map keeps its room.
+const MAP_SHRINK_FLOOR: usize = 1024;
+
 /// Limits and windows of the stream layer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StreamLimits {
@@ -218,7 +221,9 @@ pub(crate) struct Streams {
     initiator: bool,
     limits: StreamLimits,
     peer: PeerLimits,
-    map: HashMap<StreamId, Stream>,
+    /// Boxed: a stream's state is a few hundred bytes, and a map's spare slots (up to
+    /// half of them after it grows) would otherwise hold that much each.
+    map: HashMap<StreamId, Box<Stream>>,
     next_local: u64,
     next_remote: u64,
     /// Total local streams the peer allows (cumulative).
@@ -339,7 +344,7 @@ impl Streams {
             self.peer.stream_window,
             self.limits.stream_window,
         );
-        self.map.insert(id, stream);
+        self.map.insert(id, Box::new(stream));
         self.senders += 1;
         self.enqueue(id);
         Ok(id)
@@ -581,6 +586,11 @@ impl Streams {
         let Some(stream) = self.map.remove(&id) else {
             return;
         };
+        // After a burst, give the memory back: shrunk to twice what is left whenever a
+        // quarter or less of the room is used (amortised O(1) a stream).
+        if self.map.capacity() > MAP_SHRINK_FLOOR && self.map.len() * 4 <= self.map.capacity() {
+            self.map.shrink_to(self.map.len() * 2);
+        }
         self.buffered -= stream.send.buffered() as u64;
         self.unsent -= stream.send.written() - stream.send.sent_offset();
         self.senders -= u64::from(!stream.send.is_finished() && stream.reset == ResetState::None);
@@ -808,6 +818,12 @@ impl Streams {
         );
     }
 
+    /// Streams the map has room for (a test's check that a burst's memory is given back).
+    #[cfg(test)]
+    pub(crate) fn slots(&self) -> usize {
+        self.map.capacity()
+    }
+
     /// Entries in the lists of blocked writers (a test's check that they stay bounded).
     #[cfg(test)]
     pub(crate) fn blocked_listed(&self) -> usize {
@@ -817,7 +833,7 @@ impl Streams {
     /// Tells the streams of `list` (`queue`: `queue_blocked`) that are still blocked that
     /// they may write.
     fn wake(
-        map: &mut HashMap<StreamId, Stream>,
+        map: &mut HashMap<StreamId, Box<Stream>>,
         list: &mut Vec<StreamId>,
         events: &mut VecDeque<StreamEvent>,
         queue: bool,
@@ -889,7 +905,7 @@ impl Streams {
             if id.index() >= self.next_local {
                 return Err(StreamViolation::NotOpenedByPeer(id));
             }
-            return Ok(self.map.get_mut(&id));
+            return Ok(self.map.get_mut(&id).map(|s| &mut **s));
         }
         if id.index() >= self.max_remote {
             return Err(StreamViolation::StreamLimit(id));
@@ -904,10 +920,10 @@ impl Streams {
                 self.peer.stream_window,
                 self.limits.stream_window,
             );
-            self.map.insert(new, stream);
+            self.map.insert(new, Box::new(stream));
             self.senders += 1;
         }
-        Ok(self.map.get_mut(&id))
+        Ok(self.map.get_mut(&id).map(|s| &mut **s))
     }
 
     pub(crate) fn on_open(
