@@ -22,9 +22,10 @@ pub struct Status {
     pub tunnel_address: String,
     pub peers: Vec<PeerHealth>,
     pub sessions: SessionCounts,
-    /// The configured `max_sessions`, and how many sessions the open-file limit carries
-    /// (two descriptors each): beyond the smaller, new connections are bypassed (over
-    /// `max_sessions`) or refused at once (out of descriptors).
+    /// The configured `max_sessions`, and how many sessions through the tunnel the open-file
+    /// limit and the memory budget carry (one descriptor each; a session relayed directly
+    /// holds two): beyond the smaller, new connections are bypassed (over `max_sessions`) or
+    /// refused at once (at capacity).
     #[serde(default)]
     pub max_sessions: u64,
     #[serde(default)]

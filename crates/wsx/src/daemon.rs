@@ -194,7 +194,7 @@ fn check_descriptors(max_sessions: usize) {
                     open_file_limit = limit,
                     session_capacity = capacity,
                     "the open-file limit allows about {capacity} sessions, not max_sessions: \
-                     raise LimitNOFILE (two descriptors per session) or lower max_sessions"
+                     raise LimitNOFILE (one descriptor per session through the tunnel, two for one relayed directly) or lower max_sessions"
                 );
             }
         }

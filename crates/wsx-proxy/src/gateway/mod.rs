@@ -26,17 +26,16 @@
 //! session. Sessions are tracked so that shutdown can wait for them up to a deadline and
 //! then abort the rest.
 
+mod capacity;
 mod keeper;
 mod sessions;
 
 use crate::config::{GatewayConfig, GatewayError};
-use crate::every::Every;
 use crate::listener::{self, EntryPoint, Forwarding, Intercepted, Socks};
 use crate::peers::{self, Peer, PeerStatus, PrefixTable};
 use crate::rules::{Rules, RulesError};
 use crate::session::{GatewayTotals, SessionInfo, Sessions};
 use crate::shaping::{ShaperStatus, Shaping, ShapingConfig, ShapingError};
-use crate::sys;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,7 +81,7 @@ struct Inner {
     /// The hint about `transparent_origin` was logged (once per run).
     origin_hinted: AtomicBool,
     /// Sessions held against the open-file limit and the memory budget.
-    descriptors: Descriptors,
+    capacity: capacity::Capacity,
     /// Large relay buffers, lent within the memory budget.
     relay_buffers: Arc<crate::buffers::RelayBuffers>,
 }
@@ -100,74 +99,11 @@ pub struct MemoryStatus {
     pub relay_buffers_refused: u64,
 }
 
-/// How many sessions the open-file limit carries, and how many hold descriptors now: a
-/// session beyond it is refused at once instead of failing halfway (its server connect, or
-/// the next accept) for want of a descriptor.
-#[derive(Debug)]
-struct Descriptors {
-    capacity: usize,
-    holding: Arc<std::sync::atomic::AtomicUsize>,
-    /// Refusals, logged at most every 10 s.
-    refusals: Every,
-}
-
-/// A session's hold on its descriptors, given back when it drops.
-#[derive(Debug)]
-struct Holding(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// How often [`Inner::watch_capacity`] looks, and where it pauses and resumes interception
-/// (fractions of the descriptors' capacity).
+/// (fractions of the fuller of the descriptors and the memory budget's sessions).
 const CAPACITY_CHECK: Duration = Duration::from_millis(200);
 const PAUSE_AT: f64 = 0.9;
 const RESUME_BELOW: f64 = 0.75;
-
-/// Descriptors a session may hold: the client's socket and the server's.
-const DESCRIPTORS_PER_SESSION: u64 = 2;
-
-/// Descriptors left for the rest: the tunnel's socket, listeners, the API, timers, logs,
-/// connections being accepted.
-const DESCRIPTORS_RESERVED: u64 = 64;
-
-impl Descriptors {
-    /// For the process's open-file limit (as it is now: the daemon raises it first), and at
-    /// most `by_memory` sessions (what the memory budget carries).
-    fn new(by_memory: usize) -> Self {
-        let limit = sys::descriptor_limit().unwrap_or(u64::MAX);
-        Self {
-            capacity: Gateway::capacity_for(limit).min(by_memory),
-            holding: Arc::default(),
-            refusals: Every::new(Duration::from_secs(10)),
-        }
-    }
-
-    /// A hold for one more session, if the limit has room for it.
-    fn hold(&self) -> Option<Holding> {
-        let before = self.holding.fetch_add(1, Ordering::Relaxed);
-        if before >= self.capacity {
-            self.holding.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(Holding(self.holding.clone()))
-    }
-
-    /// A session was refused for want of descriptors: warns at most every 10 s.
-    fn refused(&self) {
-        if let Some(refused) = self.refusals.tick(Instant::now()) {
-            warn!(
-                capacity = self.capacity,
-                refused,
-                "out of descriptors for more sessions: new ones are refused at once (counts \
-                 since the last warning); raise the open-file limit (LimitNOFILE)"
-            );
-        }
-    }
-}
 
 /// The configured peers, by key, and the prefix table built from them.
 #[derive(Debug, Default)]
@@ -200,7 +136,8 @@ impl Gateway {
         let budget = crate::MemoryBudget {
             total: config.sessions.memory_budget,
         };
-        let driver = bind_tunnel(&config, budget)?;
+        let capacity = capacity::Capacity::new(budget.sessions());
+        let driver = bind_tunnel(&config, budget, capacity.sessions())?;
         info!(address = %driver.local_addr(), public_key = %driver.public_key(), "tunnel listening");
         let transparent = match &config.intercept {
             Some(intercept) => listener::bind_transparent(intercept.port)?,
@@ -234,7 +171,7 @@ impl Gateway {
             shaper: Mutex::new(None),
             shaping_on: AtomicBool::new(false),
             origin_hinted: AtomicBool::new(false),
-            descriptors: Descriptors::new(budget.sessions()),
+            capacity,
             relay_buffers: crate::buffers::RelayBuffers::new(
                 usize::try_from(budget.relay_buffers()).unwrap_or(usize::MAX),
             ),
@@ -260,10 +197,11 @@ impl Gateway {
         Ok(Self { inner })
     }
 
-    /// How many sessions this gateway's open-file limit and memory budget carry (as they
-    /// were at start): beyond it, new sessions are refused at once.
+    /// How many sessions through the tunnel this gateway's open-file limit and memory
+    /// budget carry (as they were at start; a session relayed directly holds two
+    /// descriptors): beyond it, new sessions are refused at once.
     pub fn session_capacity(&self) -> usize {
-        self.inner.descriptors.capacity
+        self.inner.capacity.sessions()
     }
 
     /// The memory budget and what its relay buffers lend now.
@@ -280,13 +218,6 @@ impl Gateway {
     /// The configured `max_sessions`.
     pub fn max_sessions(&self) -> usize {
         self.inner.config().sessions.max_sessions
-    }
-
-    /// How many sessions an open-file limit of `limit` descriptors carries (two per session,
-    /// some kept for the rest).
-    pub fn capacity_for(limit: u64) -> usize {
-        let capacity = limit.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_SESSION;
-        usize::try_from(capacity).unwrap_or(usize::MAX).max(1)
     }
 
     /// Applies a new configuration: peers, prefixes (the rules follow), session limits, the
@@ -433,12 +364,17 @@ impl Gateway {
 
 /// The tunnel's driver on its UDP socket. Both ends PING at a quarter of the health timeout
 /// when idle, so that a silent tunnel means a dead peer. Each tunnel's buffers stay within
-/// its part of the memory budget.
+/// its part of the memory budget, and its peers may open as many concurrent streams as this
+/// gateway carries sessions.
 fn bind_tunnel(
     config: &GatewayConfig,
     budget: crate::MemoryBudget,
+    sessions: usize,
 ) -> Result<Driver, GatewayError> {
     let mut transport = config.transport.clone();
+    transport.max_concurrent_streams = transport
+        .max_concurrent_streams
+        .max(u64::try_from(sessions).unwrap_or(u64::MAX));
     transport.keepalive = transport.keepalive.min(config.sessions.health_timeout / 4);
     let per_tunnel = budget.per_tunnel(config.peers.len());
     transport.connection_send_buffer = transport.connection_send_buffer.min(per_tunnel);
@@ -542,12 +478,12 @@ impl Inner {
                 _ = tick.tick() => {}
                 () = self.stop.cancelled() => return,
             }
-            let holding = self.descriptors.holding.load(Ordering::Relaxed) as f64;
-            let capacity = self.descriptors.capacity as f64;
+            let load = self.capacity.load();
+            let (holding, capacity) = (self.capacity.holding(), self.capacity.sessions());
             let paused = self.lock_rules().as_ref().is_some_and(Rules::is_paused);
-            let pause = if !paused && holding >= capacity * PAUSE_AT {
+            let pause = if !paused && load >= PAUSE_AT {
                 true
-            } else if paused && holding < capacity * RESUME_BELOW {
+            } else if paused && load < RESUME_BELOW {
                 false
             } else {
                 continue;

@@ -8,7 +8,7 @@
 //!
 //! Each holds a session slot for its life, and runs in a `session` span.
 
-use super::Inner;
+use super::{Inner, capacity};
 use crate::addrs::ClientAddr;
 use crate::chunked::{Chunked, Codec};
 use crate::config::GatewayConfig;
@@ -40,9 +40,10 @@ impl Inner {
         client: ClientAddr,
         admission: Admission,
     ) {
-        // Out of descriptors for another session: refused at once, before it takes more.
-        let Some(holding) = self.descriptors.hold() else {
-            self.descriptors.refused();
+        // No room for another session: refused at once, before it takes more. It may need
+        // two descriptors until the tunnel carries it.
+        let Some(mut holding) = self.capacity.hold(capacity::DIRECT) else {
+            self.capacity.refused();
             self.sessions.totals.count(Ending::RefusedLimit);
             let _ = entry_point.answer(&mut tcp, Answer::Rejected).await;
             sys::abort(tcp);
@@ -100,7 +101,12 @@ impl Inner {
             stream,
             flow,
         } = match carrier {
-            Ok(carrier) => carrier,
+            Ok(carrier) => {
+                if carrier.stream.is_some() {
+                    holding.keep(capacity::TUNNEL);
+                }
+                carrier
+            }
             Err(peer) => {
                 info!(%client, %destination, %peer, "peer down; connection rejected");
                 self.sessions.totals.count(Ending::RefusedPeerDown);
@@ -325,8 +331,9 @@ impl Inner {
             stream.reset(code::REJECTED);
             return;
         }
-        let Some(holding) = self.descriptors.hold() else {
-            self.descriptors.refused();
+        // The server's socket.
+        let Some(holding) = self.capacity.hold(capacity::TUNNEL) else {
+            self.capacity.refused();
             self.sessions.totals.count(Ending::RefusedLimit);
             stream.reset(code::REJECTED);
             return;
