@@ -107,7 +107,7 @@ impl Mode {
         }
     }
 
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Mode::DirectCubic => "direct-cubic",
             Mode::DirectBbr => "direct-bbr",
@@ -170,6 +170,18 @@ pub(crate) struct BenchArgs {
     /// HTB on gw-a's WAN interface (htb-cubic); the record then has the shaping error.
     #[arg(long)]
     shape_mbit: Option<f64>,
+    /// Instead of bulk transfers, open this many concurrent sessions and hold them (a
+    /// number, or "max": as many as the gateways carry); repeat for several counts. Modes:
+    /// wsx (intercepting gateways) and direct-cubic (no gateways) [default: both].
+    #[arg(long)]
+    sessions: Vec<crate::sessions::Count>,
+    /// Sessions being opened at once, over all session clients.
+    #[arg(long, default_value_t = 128)]
+    concurrency: usize,
+    /// Instead, the tunnel core alone in simulation with this many concurrent streams
+    /// (heap per stream, CPU per stream opened and closed); repeat for several counts.
+    #[arg(long)]
+    streams: Vec<usize>,
 }
 
 /// One benchmark case.
@@ -365,6 +377,12 @@ pub(crate) struct GatewayRss {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    if !args.sessions.is_empty() {
+        return run_sessions(args);
+    }
+    if !args.streams.is_empty() {
+        return crate::sessions::run_streams(&args.streams, args.json.as_deref());
+    }
     let cases = cases(args);
     let binary = crate::build_lab_binary()?;
     wsx_lab::install_signal_cleanup()?;
@@ -397,6 +415,54 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     println!("results: {}", out_dir.display());
     if let Some(bad) = records.iter().find(|r| !r.verified) {
         bail!("a transfer was not verified: {}", bad.summary());
+    }
+    Ok(())
+}
+
+/// The sessions cases: each count, through the gateways first (a "max" count is resolved
+/// there), then direct.
+fn run_sessions(args: &BenchArgs) -> Result<()> {
+    use crate::sessions::{SessionsCase, markdown_table, run_case};
+    let mut modes = args.mode.clone();
+    if modes.is_empty() {
+        modes = vec![Mode::Wsx, Mode::DirectCubic];
+    }
+    modes.sort_by_key(|m| !m.is_wsx());
+    let binary = crate::build_lab_binary()?;
+    wsx_lab::install_signal_cleanup()?;
+    let out_dir = crate::workspace_root().join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let mut records = Vec::new();
+    for &count in &args.sessions {
+        let mut most = None;
+        for &mode in &modes {
+            let case = SessionsCase {
+                mode,
+                count,
+                wan: args.wan.clone(),
+                ipv6: args.ipv6,
+                concurrency: args.concurrency,
+            };
+            let record = run_case(&case, &binary, &mut most)
+                .with_context(|| format!("{} sessions {count:?}", mode.label()))?;
+            println!("{}", record.summary());
+            if let Some(path) = &args.json {
+                use std::io::Write;
+                let line = serde_json::to_string(&record)? + "\n";
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .and_then(|mut f| f.write_all(line.as_bytes()))
+                    .with_context(|| format!("appending to {}", path.display()))?;
+            }
+            records.push(record);
+            std::fs::write(out_dir.join("sessions.md"), markdown_table(&records))?;
+        }
+    }
+    println!("{}", markdown_table(&records));
+    if let Some(bad) = records.iter().find(|r| !r.verified) {
+        bail!("sessions not all verified: {}", bad.summary());
     }
     Ok(())
 }
@@ -1231,6 +1297,9 @@ mod tests {
             matrix: Some(Matrix::Default),
             json: None,
             shape_mbit: None,
+            sessions: vec![],
+            concurrency: 128,
+            streams: vec![],
         };
         let cases = cases(&args);
         assert_eq!(cases.len(), 5 * 4 * 2 * 2);

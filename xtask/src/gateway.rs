@@ -291,6 +291,17 @@ impl Pair {
         Ok([(ua, ta), (ub, tb)])
     }
 
+    /// The gateways' process ids, gw-a's first.
+    pub(crate) fn pids(&self) -> [u32; 2] {
+        [self.children[0].id(), self.children[1].id()]
+    }
+
+    /// `node`'s status as its API gives it (`GET /api/v1/status` through `wsx status --json`).
+    pub(crate) fn status(&self, lab: &Lab, node: Node) -> Result<serde_json::Value> {
+        let output = self.ask(lab, node, "status")?;
+        serde_json::from_slice(&output).with_context(|| format!("{node:?}'s status"))
+    }
+
     /// `node`'s totals, from its API: `wsx peers --json` run in its namespace finds the
     /// address and the token in the gateway's configuration file.
     fn totals(&self, lab: &Lab, node: Node) -> Result<Totals> {

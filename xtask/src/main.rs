@@ -3,7 +3,8 @@
 //! - `demo`: the main job on the built-in lab: plain TCP (and, once the gateways exist, wsx)
 //!   across a 100 ms, 1 % loss, 100 Mbit/s WAN, side by side.
 //! - `bench`: single benchmark cases and matrices on the lab, as JSON Lines, a markdown table
-//!   and SVG plots under `target/bench/`.
+//!   and SVG plots under `target/bench/`; with `--sessions`, many concurrent sessions held
+//!   through the gateways.
 //! - `shaping`: the bandwidth controller's cases (minimums and priorities, latency by
 //!   priority, fair share), through wsx's shaper and the kernel's HTB in one run.
 //! - `emulator-cost`: the WAN emulator's CPU use and highest sustained rate.
@@ -16,6 +17,7 @@ mod demo;
 mod emulator_cost;
 mod gateway;
 mod host;
+mod sessions;
 mod shaping;
 mod test;
 

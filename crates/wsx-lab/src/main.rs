@@ -126,6 +126,32 @@ enum Cmd {
         #[arg(long)]
         listen: SocketAddr,
     },
+    /// Echo every connection until it closes, any number at once; prints "ready" once
+    /// listening.
+    EchoServer {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+    /// Open many sessions to echo servers and hold them: prints "opened", then obeys
+    /// "probe N" and "close" on standard input (see `traffic::sessions`).
+    Sessions {
+        /// An echo server's address; repeat to spread the sessions over several.
+        #[arg(long, required = true)]
+        to: Vec<SocketAddr>,
+        /// Sessions to open and hold.
+        #[arg(long)]
+        count: usize,
+        /// Connections being opened at once.
+        #[arg(long, default_value_t = 128)]
+        concurrency: usize,
+        /// Seed of the requests.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the JSON report here ("-": stdout).
+        #[arg(long, default_value = "-")]
+        json: String,
+    },
     /// Accept and verify traffic; prints "ready" once listening, then the report.
     Sink {
         /// Address to listen on.
@@ -310,6 +336,26 @@ fn main() -> Result<()> {
             let echoed = traffic::echo(&listener)?;
             eprintln!("echoed {echoed} bytes");
             Ok(())
+        }
+        Cmd::EchoServer { listen } => traffic::echo_server(listen, |at| {
+            println!("ready {at}");
+            let _ = std::io::stdout().flush();
+        }),
+        Cmd::Sessions {
+            to,
+            count,
+            concurrency,
+            seed,
+            json,
+        } => {
+            let report = traffic::sessions(&traffic::SessionsOptions {
+                to,
+                count,
+                concurrency,
+                seed,
+            })?;
+            let error = report.errors.keys().next().cloned();
+            finish(&json, &report, report.verified(), error.as_deref())
         }
         Cmd::Sink {
             listen,

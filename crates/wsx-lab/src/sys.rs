@@ -61,6 +61,22 @@ pub(crate) fn precise_timers() -> io::Result<()> {
     Ok(())
 }
 
+/// Raises the soft limit on open descriptors to the hard one, for programs that hold many
+/// connections; a failure leaves the limit as it was.
+pub(crate) fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid rlimit for the calls to fill and read.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit);
+        }
+    }
+}
+
 /// CPU time and peak memory of a process, all threads included.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Usage {

@@ -1,5 +1,6 @@
 //! Traffic for the lab. [`send_paced`] offers a constant UDP load; [`probe`] and [`echo`]
-//! time small requests and their answers. The rest is verified TCP traffic: a sender that pushes a deterministic stream over M parallel TCP connections
+//! time small requests and their answers; [`sessions`] and [`echo_server`] open and hold
+//! many concurrent sessions. The rest is verified TCP traffic: a sender that pushes a deterministic stream over M parallel TCP connections
 //! for N bytes or S seconds, and a sink that checks every byte against the same stream.
 //!
 //! Each connection starts with a 40-byte header (magic `WSXT`, version, payload kind, flow number,
@@ -13,6 +14,7 @@
 mod payload;
 mod probe;
 mod send;
+mod sessions;
 mod sink;
 mod tunnel;
 mod udp;
@@ -20,6 +22,7 @@ mod udp;
 pub use payload::{Payload, PayloadKind};
 pub use probe::{ProbeOptions, ProbeReport, echo, probe};
 pub use send::{SendOptions, SendReport, SentFlow, send};
+pub use sessions::{SessionTimes, SessionsOptions, SessionsReport, echo_server, sessions};
 pub use sink::{FlowReport, SinkOptions, SinkReport, sink};
 pub use tunnel::{TunnelKeys, TunnelReport, tunnel_send, tunnel_sink};
 pub use udp::send_paced;
