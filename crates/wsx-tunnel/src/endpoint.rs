@@ -61,7 +61,14 @@ struct Entry {
     local_id: u32,
     peer: PublicKey,
     initiator: bool,
+    /// When this side started it.
+    started: Instant,
 }
+
+/// An initiation from a peer we started a connection to less than this long ago is taken
+/// for both sides initiating at once (the larger key keeps its own attempt); after it, for
+/// a peer that lost the connection (it restarted), and it replaces ours.
+const SIMULTANEOUS: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -135,7 +142,7 @@ impl Endpoint {
         if !self.config.peers.contains(&peer) {
             return Err(ConnectError::UnknownPeer(peer));
         }
-        let (handle, local_id) = self.register(peer, true);
+        let (handle, local_id) = self.register(now, peer, true);
         self.by_peer.insert(peer, handle);
         let setup = self.setup(now, local_id, remote, peer);
         let connection = Connection::initiate(setup, unix_time, self.config.secret.clone());
@@ -153,7 +160,12 @@ impl Endpoint {
         }
     }
 
-    fn register(&mut self, peer: PublicKey, initiator: bool) -> (ConnectionHandle, u32) {
+    fn register(
+        &mut self,
+        now: Instant,
+        peer: PublicKey,
+        initiator: bool,
+    ) -> (ConnectionHandle, u32) {
         let local_id = loop {
             let id = self.rng.u32(1..);
             if !self.by_id.contains_key(&id) {
@@ -168,6 +180,7 @@ impl Endpoint {
                 local_id,
                 peer,
                 initiator,
+                started: now,
             },
         );
         self.by_id.insert(local_id, handle);
@@ -276,14 +289,17 @@ impl Endpoint {
             return None;
         }
         // Both sides initiating at once: the side with the larger key keeps its own attempt.
+        // Long after ours, a peer that initiates again has lost the connection (it
+        // restarted): its newer initiation replaces it.
         let existing = self.by_peer.get(&peer).copied();
         if let Some(entry) = existing.and_then(|h| self.entries.get(&h)) {
-            if entry.initiator && self.public > peer {
+            let recent = now.saturating_duration_since(entry.started) < SIMULTANEOUS;
+            if entry.initiator && recent && self.public > peer {
                 return None;
             }
         }
         self.timestamps.insert(peer, incoming.timestamp);
-        let (handle, local_id) = self.register(peer, false);
+        let (handle, local_id) = self.register(now, peer, false);
         let accepted = match incoming.respond(&self.transport, local_id) {
             Ok(accepted) => accepted,
             Err(e) => {

@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Side {
     pub endpoint: Endpoint,
+    /// What a restart builds the endpoint from again.
+    secret: SecretKey,
+    peers: Vec<PublicKey>,
     pub addr: SocketAddr,
     pub connections: BTreeMap<ConnectionHandle, Connection>,
     /// Events raised since the test last took them.
@@ -72,10 +75,12 @@ fn side(
     seed: u64,
     transport: &TransportConfig,
 ) -> Side {
-    let mut config = EndpointConfig::new(key, vec![peer], seed);
+    let mut config = EndpointConfig::new(key.clone(), vec![peer], seed);
     config.transport = transport.clone();
     Side {
         endpoint: Endpoint::new(config),
+        secret: key,
+        peers: vec![peer],
         addr,
         connections: BTreeMap::new(),
         events: Vec::new(),
@@ -158,9 +163,34 @@ impl Pair {
         self.sides
             .push(side(key, server, addr, seed, &self.transport));
         let clients = self.sides.iter().enumerate().filter(|&(i, _)| i != SERVER);
-        let peers = clients.map(|(_, s)| s.endpoint.public_key()).collect();
-        self.sides[SERVER].endpoint.set_peers(peers);
+        let peers: Vec<PublicKey> = clients.map(|(_, s)| s.endpoint.public_key()).collect();
+        self.sides[SERVER].endpoint.set_peers(peers.clone());
+        self.sides[SERVER].peers = peers;
         index
+    }
+
+    /// Side `index` restarts: a new endpoint with the same key and peers, and no
+    /// connections (the other side is not told).
+    pub fn restart(&mut self, index: usize) {
+        let side = &mut self.sides[index];
+        let mut config =
+            EndpointConfig::new(side.secret.clone(), side.peers.clone(), self.seed + 99);
+        config.transport = self.transport.clone();
+        side.endpoint = Endpoint::new(config);
+        side.connections.clear();
+        side.events.clear();
+    }
+
+    /// Starts a connection from side `from` to side `to` (either may be the server);
+    /// [`Self::step`] carries it on.
+    pub fn initiate_to(&mut self, from: usize, to: usize) {
+        let unix = Duration::from_secs(1_800_000_000) + (self.now - self.epoch);
+        let (addr, peer) = (self.sides[to].addr, self.sides[to].endpoint.public_key());
+        let (handle, connection) = self.sides[from]
+            .endpoint
+            .connect(self.now, unix, addr, peer)
+            .expect("a configured peer");
+        self.sides[from].connections.insert(handle, connection);
     }
 
     /// Connects the client to the server and runs until both sides are established. A
@@ -194,14 +224,7 @@ impl Pair {
 
     /// Starts a connection from client `index` to the server; [`Self::step`] carries it on.
     pub fn initiate(&mut self, index: usize) {
-        let unix = Duration::from_secs(1_800_000_000) + (self.now - self.epoch);
-        let server = self.sides[SERVER].addr;
-        let peer = self.sides[SERVER].endpoint.public_key();
-        let (handle, connection) = self.sides[index]
-            .endpoint
-            .connect(self.now, unix, server, peer)
-            .expect("the server is a configured peer");
-        self.sides[index].connections.insert(handle, connection);
+        self.initiate_to(index, SERVER);
     }
 
     /// The server's handle of its connection with client `index`, once both ends are

@@ -2,7 +2,7 @@
 //! bytes the receiving application read, against the bottleneck rate in UDP payload bytes.
 
 use crate::testing::{LinkConfig, Pair, Transfers};
-use crate::{FecMode, StreamMeta, TransportConfig};
+use crate::{Connection, FecMode, StreamMeta, TransportConfig};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -517,6 +517,40 @@ fn a_thousand_streams_complete_and_leave_nothing_behind() {
     // Room for 1,792 at the peak; kept, it would be a thousand streams' worth of memory.
     for side in [pair.client().stream_slots(), pair.server().stream_slots()] {
         assert!(side < 1000, "{side} slots kept after every stream closed");
+    }
+}
+
+/// A side that lost its connection (it restarted) and initiates again replaces the one the
+/// other side kept, whichever side made the old one (so whichever has the larger key, which
+/// wins when both initiate at once).
+#[test]
+fn a_restarted_peer_replaces_the_connection_the_other_side_kept() {
+    for kept_by in [0, 1] {
+        let restarted = 1 - kept_by;
+        let link = LinkConfig::new(RTT, 100);
+        let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 21);
+        pair.initiate_to(kept_by, restarted);
+        let established = |p: &Pair, i: usize| {
+            p.sides[i]
+                .connections
+                .values()
+                .any(Connection::is_established)
+        };
+        pair.run_until(Duration::from_secs(5), |p| {
+            established(p, 0) && established(p, 1)
+        });
+        let old: Vec<_> = pair.sides[kept_by].connections.keys().copied().collect();
+        // The restart comes after the window in which both sides' attempts race.
+        let quiet = pair.now + Duration::from_secs(12);
+        pair.run_until(Duration::from_secs(15), |p| p.now >= quiet);
+        pair.restart(restarted);
+        pair.initiate_to(restarted, kept_by);
+        // Well within the kept connection's idle timeout (30 s), which would end it anyway.
+        pair.run_until(Duration::from_secs(5), |p| {
+            established(p, restarted)
+                && established(p, kept_by)
+                && !p.sides[kept_by].connections.keys().any(|h| old.contains(h))
+        });
     }
 }
 
