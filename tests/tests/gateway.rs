@@ -232,6 +232,88 @@ fn new_sessions_bypass_a_dead_peer_and_return_to_the_tunnel() {
     assert_eq!(gw_a.sessions("tunnel"), 2, "accelerated again");
 }
 
+/// The link goes dark for five seconds: the peer is down for new sessions meanwhile, but the
+/// session already in the tunnel waits for it and carries on, every byte echoed, once the
+/// link is back; no new handshake replaced the tunnel.
+#[test]
+fn a_short_outage_costs_the_open_sessions_nothing() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    let (gw_a, gw_b) = gateways(&lab, &dir);
+    let server = wsx_e2e::echo_server(&lab);
+    let mut session = lab
+        .run_in(Node::Client, move || TcpStream::connect(server))
+        .unwrap()
+        .unwrap();
+    session
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let echo = |s: &mut TcpStream, seed: u64| {
+        let data = pseudo_random(100_000, seed);
+        let mut writer = s.try_clone().unwrap();
+        let sent = data.clone();
+        let write = std::thread::spawn(move || writer.write_all(&sent).unwrap());
+        let mut got = vec![0u8; data.len()];
+        s.read_exact(&mut got).unwrap();
+        write.join().unwrap();
+        assert_eq!(digest(&got), digest(&data));
+    };
+    echo(&mut session, 1);
+    assert_eq!(gw_a.sessions("tunnel"), 1);
+
+    let normal = wsx_lab::WanSpec {
+        rtt_ms: 40.0,
+        loss_pct: 0.5,
+        rate_mbit: 100.0,
+        ..wsx_lab::WanSpec::default()
+    }
+    .emulator_config();
+    let dark = wsx_lab::emulator::LinkParams {
+        loss_pct: 100.0,
+        ..normal.a_to_b.clone()
+    };
+    let darkened = Instant::now();
+    for direction in [
+        wsx_lab::emulator::Direction::AToB,
+        wsx_lab::emulator::Direction::BToA,
+    ] {
+        lab.emulator().set(direction, dark.clone()).unwrap();
+    }
+    // Data written into the dark waits in the gateways.
+    let data = pseudo_random(100_000, 2);
+    let mut writer = session.try_clone().unwrap();
+    let sent = data.clone();
+    let write = std::thread::spawn(move || writer.write_all(&sent).unwrap());
+    gw_a.wait_for("peer not heard from", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(darkened.elapsed()));
+    lab.emulator()
+        .set(wsx_lab::emulator::Direction::AToB, normal.a_to_b.clone())
+        .unwrap();
+    lab.emulator()
+        .set(wsx_lab::emulator::Direction::BToA, normal.b_to_a.clone())
+        .unwrap();
+    let mut got = vec![0u8; data.len()];
+    session.read_exact(&mut got).unwrap();
+    write.join().unwrap();
+    assert_eq!(digest(&got), digest(&data));
+    gw_a.wait_for("peer heard from again", Duration::from_secs(10));
+    echo(&mut session, 3);
+    // The same tunnel throughout: neither side replaced it, no session failed.
+    for gw in [&gw_a, &gw_b] {
+        assert_eq!(gw.count("tunnel in service"), 1);
+        assert_eq!(gw.count("session failed"), 0);
+    }
+    assert_eq!(
+        transfer(&lab, Node::Client, Node::Server, false, 1, 1_000_000),
+        1_000_000
+    );
+    assert_eq!(
+        gw_a.sessions("tunnel"),
+        2,
+        "new sessions use the tunnel again"
+    );
+}
+
 #[test]
 fn stopping_removes_the_rules_and_traffic_still_flows() {
     let _serial = serial();

@@ -4,8 +4,14 @@
 //! accepted and watched the same way; each tunnel in service has a task serving the
 //! streams the peer opens on it.
 //!
-//! A tunnel leaves service when it ends or goes silent for the health timeout; it logs its
-//! totals then ("tunnel totals"), and each peer's compression totals are logged at stop.
+//! A tunnel silent for the health timeout takes no new sessions (they go to another tunnel,
+//! or follow the peer's failure policy) but is kept: its sessions wait for it, and a link
+//! that comes back within the tunnel's idle timeout (30 s) finds them still open. A new
+//! handshake is not tried meanwhile, since it would replace the silent connection and reset
+//! them; a peer that restarted connects itself (its handshake replaces the old connection).
+//! A tunnel leaves service when it ends (closed, replaced, or idle past that timeout); it
+//! logs its totals then ("tunnel totals"), and each peer's compression totals are logged at
+//! stop.
 
 use super::{Inner, PeerEntry};
 use crate::peers::{Peer, PeerConfig, PrefixTable};
@@ -90,7 +96,8 @@ impl Inner {
         let mut failures = 0u32;
         while !cancel.is_cancelled() {
             let health = self.config().sessions.health_timeout;
-            if peer.usable_tunnel(health).is_some() {
+            // A tunnel in service, even a silent one, is waited for rather than replaced.
+            if peer.usable_tunnel(health).is_some() || !peer.tunnels().is_empty() {
                 sleep_or_cancel(HEALTH_CHECK, &cancel).await;
                 continue;
             }
@@ -159,10 +166,12 @@ impl Inner {
         tokio::spawn(serve.instrument(info_span!("peer", %name)));
     }
 
-    /// Returns when the tunnel has ended or gone silent (then it is closed), and takes it
-    /// out of service.
+    /// Returns when the tunnel has ended, and takes it out of service; says when it goes
+    /// silent for the health timeout (it then takes no new sessions) and when it is heard
+    /// again.
     async fn watch(&self, peer: &Peer, tunnel: &Tunnel, cancel: &CancellationToken) {
         let mut interval = tokio::time::interval(HEALTH_CHECK);
+        let mut silent_since_warned = false;
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
@@ -174,10 +183,23 @@ impl Inner {
             }
             let silent = tunnel.silent_for();
             let limit = self.config().sessions.health_timeout;
-            if silent >= limit {
-                warn!(silent = ?silent, "peer not heard from; tunnel down");
-                tunnel.close(CLOSE_SILENT, b"peer silent");
+            // Silent while the peer is heard on another tunnel: the peer dropped this one
+            // (both sides connected at once, and its side of this one lost).
+            if silent >= limit && peer.usable_tunnel(limit).is_some_and(|t| &t != tunnel) {
+                info!("peer heard on a newer tunnel; this one is closed");
+                tunnel.close(CLOSE_SILENT, b"superseded");
                 break;
+            }
+            if silent >= limit && !silent_since_warned {
+                silent_since_warned = true;
+                warn!(
+                    silent = ?silent,
+                    "peer not heard from: new sessions go elsewhere (on_failure) while its \
+                     sessions wait for it, up to the tunnel's idle timeout"
+                );
+            } else if silent < limit && silent_since_warned {
+                silent_since_warned = false;
+                info!("peer heard from again: the tunnel takes new sessions");
             }
         }
         peer.remove_tunnel(tunnel);
