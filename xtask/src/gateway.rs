@@ -219,19 +219,8 @@ impl Pair {
             }
             std::fs::write(&config, text)?;
             let log = work.join(format!("{}.log", node.role()));
-            let child = lab
-                .command(node, &wsx)
-                .arg("run")
-                .arg("--config")
-                .arg(&config)
-                // Congestion events are debug events of the tunnel: keep them for analysis.
-                .env("WSX_LOG", "info,wsx_tunnel=debug")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(&log)?)
-                .spawn()
-                .with_context(|| format!("starting wsx in {node:?}"))?;
-            children.push(child);
+            std::fs::File::create(&log)?;
+            children.push(spawn(lab, &wsx, node, &config, &log)?);
             logs.push(log);
         }
         let pair = Self {
@@ -254,6 +243,20 @@ impl Pair {
             }
         }
         Ok(pair)
+    }
+
+    /// Stops `node`'s gateway (SIGTERM: it drains its sessions for up to the drain
+    /// timeout) and starts it again with the same configuration, its log appended to.
+    pub(crate) fn restart(&mut self, lab: &Lab, node: Node) -> Result<()> {
+        let i = usize::from(node == Node::GwB);
+        let child = &mut self.children[i];
+        // SAFETY: kill with our child's pid and a valid signal.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        child.wait()?;
+        let config = self.work.join(format!("{}.toml", node.role()));
+        let log = self.work.join(format!("{}.log", node.role()));
+        self.children[i] = spawn(lab, &self.wsx, node, &config, &log)?;
+        Ok(())
     }
 
     /// Reads each gateway's usage and, from its API, its totals; then stops them.
@@ -370,6 +373,22 @@ impl Drop for Pair {
             }
         }
     }
+}
+
+/// Starts `wsx run` in `node` with `config`, its log appended to `log`.
+fn spawn(lab: &Lab, wsx: &Path, node: Node, config: &Path, log: &Path) -> Result<Child> {
+    let log = std::fs::OpenOptions::new().append(true).open(log)?;
+    lab.command(node, wsx)
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        // Congestion events are debug events of the tunnel: keep them for analysis.
+        .env("WSX_LOG", "info,wsx_tunnel=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting wsx in {node:?}"))
 }
 
 pub(crate) fn config_text(

@@ -7,6 +7,9 @@
 //!   through the gateways.
 //! - `shaping`: the bandwidth controller's cases (minimums and priorities, latency by
 //!   priority, fair share), through wsx's shaper and the kernel's HTB in one run.
+//! - `soak`: mixed bulk and short sessions through the gateways for a long run while the
+//!   link flaps, a server stalls and the peer restarts; every transfer hashed, memory and
+//!   descriptors sampled.
 //! - `emulator-cost`: the WAN emulator's CPU use and highest sustained rate.
 //! - `test`: the whole test suite (unit, simulation, property, and end-to-end in network
 //!   namespaces), installing the Debian packages it needs.
@@ -19,6 +22,7 @@ mod gateway;
 mod host;
 mod sessions;
 mod shaping;
+mod soak;
 mod test;
 
 use anyhow::Result;
@@ -39,6 +43,9 @@ enum Task {
     Bench(bench::BenchArgs),
     /// The bandwidth controller's lab cases, through wsx's shaper and the kernel's HTB.
     Shaping(shaping::ShapingArgs),
+    /// Mixed traffic through the gateways for a long run while the link flaps, a server
+    /// stalls and the peer restarts; memory and descriptors sampled (not part of CI).
+    Soak(soak::SoakArgs),
     /// Run the whole test suite (needs root).
     Test(test::TestArgs),
     /// Measure the WAN emulator's CPU cost and highest sustained rate.
@@ -50,6 +57,7 @@ fn main() {
         Task::Demo(args) => lab_task("demo").and_then(|()| demo::run(&args)),
         Task::Bench(args) => lab_task("bench").and_then(|()| bench::run(&args)),
         Task::Shaping(args) => lab_task("shaping").and_then(|()| shaping::run(&args)),
+        Task::Soak(args) => lab_task("soak").and_then(|()| soak::run(&args)),
         Task::Test(args) => test::run(&args),
         Task::EmulatorCost(args) => {
             lab_task("emulator-cost").and_then(|()| emulator_cost::run(&args))
