@@ -125,6 +125,11 @@ impl Connection {
     fn on_authenticated(&mut self, now: Instant, from: SocketAddr, number: u64, len: usize) {
         self.stats.packets_received += 1;
         self.stats.bytes_received += len as u64;
+        // Heard again after a silence longer than the peer's pings leave: what vanished
+        // meanwhile was lost to the outage, not to a path that drops full-size packets.
+        if now.saturating_duration_since(self.last_heard) > self.config.keepalive * 2 {
+            self.recovery.on_peer_back(now);
+        }
         self.last_heard = now;
         if self.acks.is_newest(number) && from != self.remote {
             // The peer moved (NAT rebinding, failover); it proved itself by authenticating.

@@ -327,3 +327,44 @@ fn a_black_hole_for_full_size_packets_closes_the_connection() {
         p.sides[1].events.iter().any(|(_, e)| *e == told)
     });
 }
+
+/// The whole link goes dark for five seconds under a bulk transfer, then comes back: the
+/// full-size packets lost meanwhile went with everything else, so the connection carries on
+/// (no black hole declared) and the transfer completes intact.
+#[test]
+fn an_outage_is_not_a_black_hole() {
+    let link = LinkConfig::new(Duration::from_millis(40), 100);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 15);
+    pair.connect();
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 60_000_000);
+    let warm = pair.now + Duration::from_secs(2);
+    pair.run_until(Duration::from_secs(3), |p| {
+        transfers.pump(p);
+        p.now >= warm
+    });
+    for direction in [0, 1] {
+        pair.set_max_datagram(direction, Some(0));
+    }
+    let back = pair.now + Duration::from_secs(5);
+    pair.run_until(Duration::from_secs(6), |p| {
+        transfers.pump(p);
+        p.now >= back
+    });
+    for direction in [0, 1] {
+        pair.set_max_datagram(direction, None);
+    }
+    let lost = |p: &Pair| {
+        p.sides.iter().any(|s| {
+            s.events
+                .iter()
+                .any(|(_, e)| matches!(e, Event::ConnectionLost(_)))
+        })
+    };
+    pair.run_until(Duration::from_secs(60), |p| {
+        assert!(!lost(p), "the connection ended after the outage");
+        transfers.pump(p);
+        transfers.all_complete()
+    });
+    transfers.verify();
+}

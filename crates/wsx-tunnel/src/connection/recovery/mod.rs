@@ -497,6 +497,16 @@ impl Recovery {
         outcome
     }
 
+    /// The peer is heard again after a silence (the link was down): full-size packets
+    /// unacknowledged so far say nothing about the path's MTU, so the black-hole window
+    /// starts again now.
+    pub(super) fn on_peer_back(&mut self, now: Instant) {
+        if let Some(large) = &mut self.large_unacked {
+            large.since = now;
+            large.sent = 0;
+        }
+    }
+
     /// Whether full-size packets have stopped getting through: none acknowledged for
     /// [`BLACK_HOLE_AFTER`] though [`BLACK_HOLE_PACKETS`] were sent, while the peer was heard
     /// from (so the path itself is up). Checked when the loss timer fires, which keeps

@@ -156,3 +156,23 @@ fn full_size_packets_vanishing_while_the_peer_is_heard_is_a_black_hole() {
     // Unless the peer itself went quiet: then it is silence, not a black hole.
     assert_ne!(r.on_timeout(late, t0, &mut out), Timeout::BlackHole);
 }
+
+#[test]
+fn full_size_packets_lost_in_an_outage_are_not_a_black_hole() {
+    let t0 = crate::test_epoch();
+    let mut r = started(t0);
+    let mut out = Outcomes::default();
+    for i in 0..BLACK_HOLE_PACKETS {
+        r.on_packet_sent(t0 + MS * i, 1400, true, Vec::new());
+    }
+    // Nothing heard for five seconds; then the link is back and the peer with it.
+    let back = t0 + 5 * BLACK_HOLE_AFTER / 3;
+    r.on_peer_back(back);
+    assert_ne!(r.on_timeout(back, back, &mut out), Timeout::BlackHole);
+    // The window starts again: only full-size packets vanishing from now on count.
+    for i in 0..BLACK_HOLE_PACKETS {
+        r.on_packet_sent(back + MS * i, 1400, true, Vec::new());
+    }
+    let late = back + BLACK_HOLE_AFTER;
+    assert_eq!(r.on_timeout(late, late, &mut out), Timeout::BlackHole);
+}
