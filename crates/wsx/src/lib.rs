@@ -10,16 +10,22 @@
 //! - `wsx cleanup`: removes the rules a crashed run left (systemd's `ExecStopPost`), so
 //!   that traffic flows unaccelerated.
 //! - `wsx status`, `peers`, `sessions`, `session kill`, `bypass`, `config`, `log-level`: the
-//!   API's client ([`cli`]).
+//!   API's client (the `cli` module).
 //! - `wsx completions SHELL`: shell completions.
 //!
 //! Every command reads the configuration file given by `--config` (default
 //! `/etc/wsx/wsx.toml`).
+//!
+//! The binary is [`main`]; this library target exists for it and, with the `fuzzing`
+//! feature, for the fuzz targets of the configuration file and the API's edits of it (the
+//! `fuzzing` module).
 
 mod cli;
 mod config;
 mod control;
 mod daemon;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 
 use anyhow::{Context, Result};
 use base64::Engine;
@@ -61,7 +67,8 @@ enum Command {
     Api(cli::ApiCommand),
 }
 
-fn main() -> ExitCode {
+/// The `wsx` command: parses the arguments, runs the command, reports an error on stderr.
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Run) {
         // The Rust runtime ignores SIGPIPE, so printing into a closed pipe (`wsx sessions |

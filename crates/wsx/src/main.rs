@@ -1,0 +1,5 @@
+//! The `wsx` binary (see the library's documentation).
+
+fn main() -> std::process::ExitCode {
+    wsx::main()
+}
