@@ -447,14 +447,7 @@ fn run_sessions(args: &BenchArgs) -> Result<()> {
                 .with_context(|| format!("{} sessions {count:?}", mode.label()))?;
             println!("{}", record.summary());
             if let Some(path) = &args.json {
-                use std::io::Write;
-                let line = serde_json::to_string(&record)? + "\n";
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .and_then(|mut f| f.write_all(line.as_bytes()))
-                    .with_context(|| format!("appending to {}", path.display()))?;
+                append_json_line(path, &serde_json::to_string(&record)?)?;
             }
             records.push(record);
             std::fs::write(out_dir.join("sessions.md"), markdown_table(&records))?;
@@ -981,6 +974,17 @@ pub(crate) fn tempdir(lab: &Lab) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Appends one record (a JSON line) to `path`, so that several runs collect into one file.
+pub(crate) fn append_json_line(path: &Path, line: &str) -> Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{line}"))
+        .with_context(|| format!("appending to {}", path.display()))
+}
+
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -1194,14 +1198,7 @@ fn write_outputs(records: &[Record], dir: &Path, json: Option<&Path>) -> Result<
     std::fs::write(dir.join("results.jsonl"), &lines)?;
     // Called after every case with all records so far: the appended file gets the newest.
     if let (Some(path), Some(newest)) = (json, records.last()) {
-        use std::io::Write;
-        let line = serde_json::to_string(newest)? + "\n";
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-            .with_context(|| format!("appending to {}", path.display()))?;
+        append_json_line(path, &serde_json::to_string(newest)?)?;
     }
     std::fs::write(dir.join("results.md"), markdown_table(records))?;
     write_charts(records, dir)

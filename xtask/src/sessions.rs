@@ -241,8 +241,8 @@ pub(crate) fn markdown_table(records: &[SessionsRecord]) -> String {
     t
 }
 
-/// A gateway's resident memory (KiB) and open descriptors now, and its CPU seconds so far.
-fn sample(pid: u32) -> Result<(u64, u64, f64)> {
+/// A process's resident memory (KiB) and open descriptors now, from `/proc`.
+pub(crate) fn memory_and_descriptors(pid: u32) -> Result<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let rss = status
         .lines()
@@ -250,6 +250,12 @@ fn sample(pid: u32) -> Result<(u64, u64, f64)> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .context("no VmRSS")?;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count() as u64;
+    Ok((rss, fds))
+}
+
+/// A gateway's resident memory (KiB) and open descriptors now, and its CPU seconds so far.
+fn sample(pid: u32) -> Result<(u64, u64, f64)> {
+    let (rss, fds) = memory_and_descriptors(pid)?;
     let usage = usage_of(pid)?;
     Ok((rss, fds, usage.user_s + usage.sys_s))
 }
@@ -545,12 +551,7 @@ pub(crate) fn run_streams(counts: &[usize], json: Option<&Path>) -> Result<()> {
         print!("{row}");
         table += &row;
         if let Some(path) = json {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .and_then(|mut file| writeln!(file, "{line}"))
-                .with_context(|| format!("appending to {}", path.display()))?;
+            crate::bench::append_json_line(path, &line)?;
         }
     }
     println!("\n{table}");

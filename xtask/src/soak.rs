@@ -262,20 +262,9 @@ fn sessions_once(
     ))
 }
 
-/// The gateways' RSS (KiB) and descriptors now.
+/// The gateways' RSS (KiB) and descriptors now (zeros for one between its restarts).
 fn sample(pids: [u32; 2]) -> ([u64; 2], [u64; 2]) {
-    let one = |pid: u32| -> (u64, u64) {
-        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            })
-            .unwrap_or(0);
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
-        (rss, fds)
-    };
+    let one = |pid| crate::sessions::memory_and_descriptors(pid).unwrap_or((0, 0));
     let (a, b) = (one(pids[0]), one(pids[1]));
     ([a.0, b.0], [a.1, b.1])
 }
@@ -473,13 +462,7 @@ pub(crate) fn run(args: &SoakArgs) -> Result<()> {
 
     let line = serde_json::to_string(&record)?;
     if let Some(path) = &args.json {
-        use std::io::Write;
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| writeln!(f, "{line}"))
-            .with_context(|| format!("appending to {}", path.display()))?;
+        crate::bench::append_json_line(path, &line)?;
     }
     let peak = |i: usize| {
         record
