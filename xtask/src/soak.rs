@@ -92,15 +92,9 @@ struct SoakRecord {
     /// What happened when (seconds from the start).
     events: Vec<(f64, String)>,
     samples: Vec<Sample>,
-    bulk: BTreeMap<String, usize>,
-    bulk_bytes_verified: u64,
-    /// Errors the failed transfers reported (sender's, sink's), counted.
-    bulk_errors: BTreeMap<String, usize>,
-    sessions_opened: usize,
-    sessions_proved: usize,
-    session_batches: usize,
-    session_batches_hung: usize,
-    session_errors: BTreeMap<String, usize>,
+    /// What the workers counted.
+    #[serde(flatten)]
+    tally: Tally,
     /// gw-a's descriptors idle before the run and idle after it; its RSS after the first
     /// cycle and at the end.
     gwa_fds_idle: [u64; 2],
@@ -110,10 +104,11 @@ struct SoakRecord {
 }
 
 /// What the workers record.
-#[derive(Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Tally {
     bulk: BTreeMap<String, usize>,
     bulk_bytes_verified: u64,
+    /// Errors the failed transfers reported (sender's, sink's), counted.
     bulk_errors: BTreeMap<String, usize>,
     sessions_opened: usize,
     sessions_proved: usize,
@@ -439,25 +434,17 @@ pub(crate) fn run(args: &SoakArgs) -> Result<()> {
     let _ = echo.kill();
     let _ = echo.wait();
     pair.stop(&lab)?;
-    let t = std::mem::take(
+    record.tally = std::mem::take(
         &mut *tally
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    record.bulk = t.bulk;
-    record.bulk_bytes_verified = t.bulk_bytes_verified;
-    record.bulk_errors = t.bulk_errors;
-    record.sessions_opened = t.sessions_opened;
-    record.sessions_proved = t.sessions_proved;
-    record.session_batches = t.session_batches;
-    record.session_batches_hung = t.session_batches_hung;
-    record.session_errors = t.session_errors;
     record.gwa_fds_idle = [fds_idle[0], fds_end[0]];
     record.gwa_rss_kib_end = rss_end[0];
-    let bad = |k: &str| record.bulk.get(k).copied().unwrap_or(0);
+    let bad = |k: &str| record.tally.bulk.get(k).copied().unwrap_or(0);
     record.passed = bad("one_sided") == 0
         && bad("hung") == 0
-        && record.session_batches_hung == 0
+        && record.tally.session_batches_hung == 0
         && fds_end[0] <= fds_idle[0];
 
     let line = serde_json::to_string(&record)?;
@@ -477,12 +464,12 @@ pub(crate) fn run(args: &SoakArgs) -> Result<()> {
         "soak {:.0} min: bulk {:?} ({} MB verified); sessions {} opened, {} proved in {} batches ({} hung); \
          gw-a RSS {} KiB after the first cycle, {} at the end, peak {}; gw-a fds idle {} -> {}, peak {}; gw-b peak RSS {} KiB, fds {}",
         args.minutes,
-        record.bulk,
-        record.bulk_bytes_verified / 1_000_000,
-        record.sessions_opened,
-        record.sessions_proved,
-        record.session_batches,
-        record.session_batches_hung,
+        record.tally.bulk,
+        record.tally.bulk_bytes_verified / 1_000_000,
+        record.tally.sessions_opened,
+        record.tally.sessions_proved,
+        record.tally.session_batches,
+        record.tally.session_batches_hung,
         record.gwa_rss_kib_after_first_cycle,
         record.gwa_rss_kib_end,
         peak(0),
@@ -492,8 +479,8 @@ pub(crate) fn run(args: &SoakArgs) -> Result<()> {
         peak(1),
         peak_fds(1),
     );
-    println!("bulk errors: {:?}", record.bulk_errors);
-    println!("session errors: {:?}", record.session_errors);
+    println!("bulk errors: {:?}", record.tally.bulk_errors);
+    println!("session errors: {:?}", record.tally.session_errors);
     if !record.passed {
         bail!("the soak run failed: one-sided or hung transfers, or descriptors left open");
     }
