@@ -47,8 +47,8 @@ fn gateways(lab: &Lab, dir: &std::path::Path) -> (Daemon, Daemon) {
 
 /// The client sends a request and half-closes; the server reads to the end (so the FIN
 /// crossed), answers with the request's hash and a body, and closes; the client reads to
-/// the end. Returns the client address the server saw.
-fn half_close_exchange(lab: &Lab, ipv6: bool) -> SocketAddr {
+/// the end. Returns the client's own address and the client address the server saw.
+fn half_close_exchange(lab: &Lab, ipv6: bool) -> (SocketAddr, SocketAddr) {
     let (listener, target) = listen(lab, Node::Server, addr::server(ipv6));
     let request = pseudo_random(3_000_000, 11);
     let body = pseudo_random(2_000_000, 12);
@@ -63,7 +63,7 @@ fn half_close_exchange(lab: &Lab, ipv6: bool) -> SocketAddr {
         peer
     });
     let sent_digest = digest(&request);
-    let reply = lab
+    let (client, reply) = lab
         .run_in(Node::Client, move || {
             let mut c = TcpStream::connect(target).unwrap();
             c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
@@ -71,7 +71,7 @@ fn half_close_exchange(lab: &Lab, ipv6: bool) -> SocketAddr {
             c.shutdown(Shutdown::Write).unwrap();
             let mut reply = Vec::new();
             c.read_to_end(&mut reply).unwrap();
-            reply
+            (c.local_addr().unwrap(), reply)
         })
         .unwrap();
     let peer = server.join().unwrap();
@@ -85,7 +85,7 @@ fn half_close_exchange(lab: &Lab, ipv6: bool) -> SocketAddr {
         reply[8..] == expected_body[..],
         "the client got the body intact"
     );
-    peer
+    (client, peer)
 }
 
 #[test]
@@ -103,13 +103,10 @@ fn sessions_cross_the_tunnel_both_ways_over_ipv4_and_ipv6() {
             transfer(&lab, Node::Server, Node::Client, ipv6, 2, 2_000_000),
             4_000_000
         );
-        // Transparent re-origination: the server sees the client's own address.
-        let seen = half_close_exchange(&lab, ipv6);
-        assert_eq!(
-            seen.ip(),
-            addr::client(ipv6),
-            "the server saw the client's address"
-        );
+        // Transparent re-origination: the server sees the client's own address and port.
+        let (client, seen) = half_close_exchange(&lab, ipv6);
+        assert_eq!(client.ip(), addr::client(ipv6));
+        assert_eq!(seen, client, "the server saw the client's address and port");
     }
     assert_eq!(gw_a.sessions("bypass"), 0);
     assert!(
@@ -230,6 +227,63 @@ fn new_sessions_bypass_a_dead_peer_and_return_to_the_tunnel() {
         1_000_000
     );
     assert_eq!(gw_a.sessions("tunnel"), 2, "accelerated again");
+}
+
+/// Sessions gw-a relays directly while gw-b is down keep working when gw-b is back and
+/// re-originates new sessions of the same client to the same server. Both gateways' port
+/// ranges are cut to the same eight ports: had gw-b connected from a port of its own
+/// choosing, it would have taken the 4-tuple of a direct session, reset the server's end of
+/// it and swallowed its replies. It connects from the client's own port instead.
+#[test]
+fn direct_sessions_survive_the_peers_return() {
+    let _serial = serial();
+    let (lab, dir) = lab();
+    for node in [Node::GwA, Node::GwB] {
+        let range = "40000 40007";
+        wsx_lab::netns::sysctl(&lab.netns(node), "net.ipv4.ip_local_port_range", range).unwrap();
+    }
+    let (gw_a, mut gw_b) = gateways(&lab, &dir);
+    let server = wsx_e2e::echo_server(&lab);
+    let open = |n: usize| -> Vec<TcpStream> {
+        (0..n)
+            .map(|_| {
+                let s = lab
+                    .run_in(Node::Client, move || TcpStream::connect(server))
+                    .unwrap()
+                    .unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                s
+            })
+            .collect()
+    };
+    let echo = |s: &mut TcpStream, seed: u64| {
+        let data = pseudo_random(10_000, seed);
+        s.write_all(&data).unwrap();
+        let mut got = vec![0u8; data.len()];
+        s.read_exact(&mut got)
+            .unwrap_or_else(|e| panic!("echo {seed}: {e}"));
+        assert_eq!(digest(&got), digest(&data));
+    };
+
+    gw_b.crash();
+    gw_a.wait_for("peer not heard from", Duration::from_secs(10));
+    let mut direct = open(4);
+    for (i, s) in (0..).zip(direct.iter_mut()) {
+        echo(s, i);
+    }
+    assert_eq!(gw_a.sessions("bypass"), 4);
+
+    let gw_b = Daemon::start_with(&lab, Node::GwB, gw_b.config.clone());
+    gw_a.wait_for_count("tunnel in service", 2, Duration::from_secs(20));
+    gw_b.wait_for("tunnel in service", Duration::from_secs(20));
+    let mut tunnelled = open(4);
+    for (i, s) in (10..).zip(tunnelled.iter_mut()) {
+        echo(s, i);
+    }
+    assert_eq!(gw_a.sessions("tunnel"), 4);
+    for (i, s) in (20..).zip(direct.iter_mut().chain(tunnelled.iter_mut())) {
+        echo(s, i);
+    }
 }
 
 /// The link goes dark for five seconds: the peer is down for new sessions meanwhile, but the

@@ -4,8 +4,14 @@
 //!   hand them connections addressed to other hosts. The accepted socket's local address is
 //!   the original destination.
 //! - Re-origination: an outgoing socket bound, again with the transparent option, to the
-//!   client's own address (`IP_BIND_ADDRESS_NO_PORT` lets `connect` pick the port, so the
-//!   4-tuple, not the local pair, has to be unique), so that the server sees the real client.
+//!   client's own address and port, so that the server sees the real client and the very
+//!   4-tuple the client chose. The port matters as much as the address: a port this host
+//!   picked could be one the client's own connections already use to the same server (a
+//!   session the other gateway relays directly, or one the kernel routes past a paused
+//!   gateway), and the replies to that connection would then be delivered here.
+//!   `SO_REUSEADDR` lets two sessions share a client port toward different servers; when the
+//!   4-tuple is taken here anyway (a `TIME_WAIT` of an earlier session), `connect` falls
+//!   back to a port of its own choosing (`IP_BIND_ADDRESS_NO_PORT`).
 //! - LAN tuning: TCP keepalive, `TCP_NODELAY`, and `SO_LINGER` 0 to turn a close into a reset.
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
@@ -36,31 +42,61 @@ pub fn transparent_listener(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// Connects to `to`, from `from` if given (a foreign address: the socket is made transparent),
-/// giving up after `timeout`.
+/// giving up after `timeout`. A `from` with a port keeps it unless this host already has
+/// that 4-tuple; see the module documentation.
 pub async fn connect(
-    from: Option<IpAddr>,
+    from: Option<SocketAddr>,
     to: SocketAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let attempt = |from| async move {
+        match tokio::time::timeout_at(deadline, connect_socket(from, to)?).await {
+            Ok(result) => result,
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+        }
+    };
+    match from {
+        Some(f) if f.port() != 0 => match attempt(Some(f)).await {
+            Err(e) if port_taken(&e) => attempt(Some(SocketAddr::new(f.ip(), 0))).await,
+            result => result,
+        },
+        _ => attempt(from).await,
+    }
+}
+
+/// A socket bound to `from` (see [`connect`]), and the connect to `to` to await.
+fn connect_socket(
+    from: Option<SocketAddr>,
+    to: SocketAddr,
+) -> io::Result<impl Future<Output = io::Result<TcpStream>>> {
     let socket = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
     if let Some(from) = from {
-        set_transparent(&socket, from)?;
-        // The option lives at the IP level for both families.
-        set_int(&socket, libc::SOL_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1)?;
-        socket.bind(&SocketAddr::new(from, 0).into())?;
+        set_transparent(&socket, from.ip())?;
+        if from.port() == 0 {
+            // The option lives at the IP level for both families.
+            set_int(&socket, libc::SOL_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1)?;
+        } else {
+            socket.set_reuse_address(true)?;
+        }
+        socket.bind(&from.into())?;
     }
     socket.set_nonblocking(true)?;
-    let socket = TcpSocket::from_std_stream(socket.into());
-    match tokio::time::timeout(timeout, socket.connect(to)).await {
-        Ok(result) => result,
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
-    }
+    Ok(TcpSocket::from_std_stream(socket.into()).connect(to))
+}
+
+/// The error of a bind or connect whose local port (or whole 4-tuple) is in use here.
+fn port_taken(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::AddrInUse | io::ErrorKind::AddrNotAvailable
+    )
 }
 
 /// Connects to `to`, resolving a name first and trying its addresses in turn, all within
 /// `timeout`; from `from` (transparently) when given.
 pub async fn connect_target(
-    from: Option<IpAddr>,
+    from: Option<SocketAddr>,
     to: &Target,
     timeout: Duration,
 ) -> io::Result<TcpStream> {

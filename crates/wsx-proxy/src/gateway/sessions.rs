@@ -20,7 +20,7 @@ use crate::session::{Ending, Entry, Route, Session, SessionState};
 use crate::shaping::{Class, FlowGuard, Shaped};
 use crate::sys::{self, LanSocketOptions};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -139,7 +139,7 @@ impl Inner {
                 // Direct, and for an intercepted client still from its address: the server
                 // sees the same connection it would without wsx.
                 None => {
-                    let from = transparent.then_some(client.0.ip());
+                    let from = transparent.then_some(client.0);
                     let to = (from, &destination);
                     let direct = self.direct(&*entry_point, &session, tcp, to, &config, class);
                     match direct.await {
@@ -268,7 +268,7 @@ impl Inner {
         entry_point: &E,
         session: &Session,
         mut tcp: TcpStream,
-        (from, destination): (Option<IpAddr>, &Target),
+        (from, destination): (Option<SocketAddr>, &Target),
         config: &GatewayConfig,
         class: Option<Class>,
     ) -> Option<Outcome> {
@@ -367,7 +367,7 @@ impl Inner {
                      server to see the client's, if its replies route through this gateway)"
                 );
             }
-            let from = (config.transparent_origin && meta.transparent).then_some(client.0.ip());
+            let from = (config.transparent_origin && meta.transparent).then_some(client.0);
             let connect = sys::connect_target(from, &destination, config.sessions.connect_timeout);
             let connected = tokio::select! {
                 r = connect => r,
