@@ -289,9 +289,9 @@ async fn closing_ends_both_sides_and_unknown_keys_get_no_answer() {
     let outcome = timeout(HANG, t.established()).await.expect("hung");
     assert!(outcome.is_err(), "a stranger completed a handshake");
     assert!(p.b.stats().endpoint.handshakes_rejected >= 1);
-    s.shutdown().await;
-    p.a.shutdown().await;
-    p.b.shutdown().await;
+    s.shutdown(Duration::ZERO).await;
+    p.a.shutdown(Duration::ZERO).await;
+    p.b.shutdown(Duration::ZERO).await;
 }
 
 #[tokio::test]
@@ -327,6 +327,68 @@ async fn dropping_the_last_handle_closes_the_connection() {
             reason: "dropped".into()
         }
     );
-    a.shutdown().await;
-    b.shutdown().await;
+    a.shutdown(Duration::ZERO).await;
+    b.shutdown(Duration::ZERO).await;
+}
+
+/// What a stream sent just before its last handle went, or just before its driver shut
+/// down, still arrives, FIN included: the connection closes only once the peer has
+/// acknowledged it (or, shutting down, when the flush time is up).
+#[tokio::test]
+async fn what_was_sent_last_arrives_before_the_close() {
+    let lo = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    for shut_down in [false, true] {
+        let Pair {
+            a,
+            b,
+            client,
+            server,
+        } = connected_pair(lo, lo, lo).await;
+        let data = content(11, 1_000_000);
+        let mut stream = client.open(StreamMeta::default()).expect("open");
+        let accepting = server.clone();
+        // The peer has nothing to say: it finishes at once and reads.
+        let reader = tokio::spawn(async move {
+            let mut accepted = accepting.accept_stream().await.expect("accept stream");
+            accepted.shutdown().await.expect("finish");
+            let mut received = Vec::new();
+            accepted.read_to_end(&mut received).await.map(|_| received)
+        });
+        // The OPEN goes out with the first bytes; the peer's FIN comes back.
+        stream.write_all(&data[..1]).await.expect("write");
+        let mut nothing = Vec::new();
+        stream.read_to_end(&mut nothing).await.expect("read");
+        // The rest written into the connection's buffers, finished and let go of: most of
+        // it has not been sent yet.
+        stream.write_all(&data[1..]).await.expect("write");
+        stream.shutdown().await.expect("finish");
+        drop(stream);
+        let (code, reason, a) = if shut_down {
+            timeout(HANG, a.shutdown(HANG))
+                .await
+                .expect("shutdown hung");
+            (0, "shutting down", None)
+        } else {
+            drop(client);
+            (Tunnel::CLOSE_DROPPED, "dropped", Some(a))
+        };
+        let received = timeout(HANG, reader)
+            .await
+            .expect("hung")
+            .expect("reader task")
+            .expect("the stream ended cleanly");
+        assert_eq!(hash(&received), hash(&data));
+        let closed = timeout(HANG, server.closed()).await.expect("close hung");
+        assert_eq!(
+            closed,
+            ConnectionError::PeerClosed {
+                code,
+                reason: reason.into()
+            }
+        );
+        if let Some(a) = a {
+            a.shutdown(Duration::ZERO).await;
+        }
+        b.shutdown(Duration::ZERO).await;
+    }
 }

@@ -15,6 +15,7 @@ use crate::sys::{self, Usage};
 use anyhow::{Context, Result, anyhow};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wsx_tunnel::driver::{Driver, DriverStats, Stream, Tunnel};
 use wsx_tunnel::{ConnectionStats, EndpointConfig, PublicKey, SecretKey, StreamMeta};
@@ -304,11 +305,11 @@ impl IoThread {
         })
     }
 
-    /// Shuts the driver down (closing its connections) and returns its counters and the CPU
-    /// time of its thread.
+    /// Shuts the driver down (closing its connections once what they carry is delivered)
+    /// and returns its counters and the CPU time of its thread.
     fn stop(self, runtime: &tokio::runtime::Runtime) -> (DriverStats, Usage) {
         let stats = self.driver.stats();
-        runtime.block_on(self.driver.shutdown());
+        runtime.block_on(self.driver.shutdown(Duration::from_secs(2)));
         let _ = self.stop.send(());
         let usage = self.thread.join().unwrap_or_default();
         (stats, usage)

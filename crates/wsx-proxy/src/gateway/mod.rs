@@ -326,8 +326,10 @@ impl Gateway {
 
     /// Stops taking new connections (the rules stop intercepting them, so they flow past
     /// unaccelerated), lets sessions finish for up to `deadline`, aborts the rest, removes
-    /// the rules and closes the tunnels.
+    /// the rules and closes the tunnels, once what the sessions sent last has reached the
+    /// peer or the deadline has passed.
     pub async fn shutdown(self, deadline: Duration) {
+        let drain_until = Instant::now() + deadline;
         let inner = self.inner;
         inner.stop.cancel();
         let rules = inner.lock_rules().take();
@@ -349,11 +351,15 @@ impl Gateway {
         }
         inner.stop_peers();
         // The cancelled tasks let go of the gateway within a few polls; then the driver can
+        // deliver what the ended sessions wrote last (within what is left of the deadline),
         // close the tunnels and wait for the CLOSE frames to leave.
         let mut inner = inner;
         for _ in 0..100 {
             match Arc::try_unwrap(inner) {
-                Ok(inner) => return inner.driver.shutdown().await,
+                Ok(inner) => {
+                    let flush = drain_until.saturating_duration_since(Instant::now());
+                    return inner.driver.shutdown(flush).await;
+                }
                 Err(shared) => inner = shared,
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -320,6 +320,12 @@ impl Connection {
         self.last_heard
     }
 
+    /// Whether everything sent on the streams (OPENs, data, FINs, resets) has been
+    /// acknowledged: closing now loses nothing the application wrote. O(streams).
+    pub fn is_delivered(&self) -> bool {
+        self.streams.all_delivered()
+    }
+
     pub fn is_established(&self) -> bool {
         matches!(self.state, State::Established)
     }

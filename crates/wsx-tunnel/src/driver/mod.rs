@@ -152,6 +152,7 @@ impl Driver {
                 added: Vec::new(),
             }),
             shutdown: AtomicBool::new(false),
+            flush_ms: AtomicU64::new(0),
             local_addr,
             stats: Counters::default(),
             #[cfg(test)]
@@ -223,8 +224,13 @@ impl Driver {
         }
     }
 
-    /// Closes every connection and waits until the I/O task has stopped.
-    pub async fn shutdown(mut self) {
+    /// Lets each connection deliver what its streams sent (OPENs, data, FINs, resets) for
+    /// up to `flush`, closes it as soon as it has or when that time is up, and waits until
+    /// the I/O task has stopped. Data an application wrote before it let go of a stream
+    /// reaches the peer even if the process stops right after.
+    pub async fn shutdown(mut self, flush: Duration) {
+        let flush_ms = u64::try_from(flush.as_millis()).unwrap_or(u64::MAX);
+        self.shared.flush_ms.store(flush_ms, Ordering::Relaxed);
         self.shared.shutdown.store(true, Ordering::Release);
         self.shared.wake.notify_one();
         if let Some(task) = self.task.take() {
@@ -246,7 +252,8 @@ impl Drop for Driver {
 /// compare equal.
 ///
 /// When the last handle to a connection is gone (every `Tunnel` clone and every [`Stream`]),
-/// the driver closes it with [`Tunnel::CLOSE_DROPPED`]: nobody is left to use it.
+/// the driver closes it with [`Tunnel::CLOSE_DROPPED`] as soon as what its streams sent has
+/// been delivered: nobody is left to use it.
 #[derive(Debug, Clone)]
 pub struct Tunnel {
     link: Arc<Link>,
@@ -435,6 +442,9 @@ struct Shared {
     wake: Notify,
     core: Mutex<Core>,
     shutdown: AtomicBool,
+    /// How long a shutdown lets the connections deliver what their streams sent (ms; set
+    /// before `shutdown`).
+    flush_ms: AtomicU64,
     local_addr: SocketAddr,
     stats: Counters,
     /// Destinations whose sends the tests make find a full socket buffer.
@@ -685,27 +695,35 @@ struct Entry {
     /// anything new from this connection.
     parked_to: Option<(SocketAddr, (Option<usize>, u8))>,
     parked: Vec<u8>,
+    /// The driver is shutting down and has closed this connection.
+    closed: bool,
 }
 
 impl Io {
     async fn run(mut self) {
-        let mut shutdown_started: Option<Instant> = None;
+        // Once shutting down: when every connection closes, delivered or not.
+        let mut close_by: Option<Instant> = None;
         loop {
             self.adopt_started();
             let now = now();
-            if shutdown_started.is_none() && self.shared.shutdown.load(Ordering::Acquire) {
-                shutdown_started = Some(now);
-                self.close_all(now);
+            if close_by.is_none() && self.shared.shutdown.load(Ordering::Acquire) {
+                let flush = Duration::from_millis(self.shared.flush_ms.load(Ordering::Relaxed));
+                close_by = Some(now + flush);
+            }
+            if let Some(close_by) = close_by {
+                self.close_delivered(now, now >= close_by);
             }
             self.service(now);
-            if let Some(started) = shutdown_started {
-                if self.connections.is_empty() || now >= started + SHUTDOWN_GRACE {
+            if let Some(close_by) = close_by {
+                if self.connections.is_empty() || now >= close_by + SHUTDOWN_GRACE {
                     break;
                 }
             }
             let deadlines = self.connections.values();
+            let flush_ends = close_by.filter(|&t| t > now);
             match deadlines
                 .flat_map(|e| [e.timeout, e.wake_readers_at])
+                .chain([flush_ends])
                 .flatten()
                 .min()
             {
@@ -764,14 +782,22 @@ impl Io {
                 received: false,
                 parked_to: None,
                 parked: Vec::new(),
+                closed: false,
             },
         );
     }
 
-    fn close_all(&mut self, now: Instant) {
-        for entry in self.connections.values() {
-            entry.link.lock().connection.close(now, 0, b"shutting down");
-            entry.link.marked.store(true, Ordering::Release);
+    /// Closes the connections whose streams have nothing on its way to the peer, or all
+    /// of them if `all`.
+    fn close_delivered(&mut self, now: Instant, all: bool) {
+        for entry in self.connections.values_mut().filter(|e| !e.closed) {
+            let mut state = entry.link.lock();
+            if all || state.connection.is_delivered() {
+                state.connection.close(now, 0, b"shutting down");
+                drop(state);
+                entry.closed = true;
+                entry.link.marked.store(true, Ordering::Release);
+            }
         }
     }
 
@@ -901,11 +927,15 @@ impl Io {
                 continue;
             }
             entry.received = false;
-            // Only this task holds it: no handle is left to use the connection.
+            // Only this task holds it: no handle is left to use the connection. It closes
+            // once what its streams sent last has been delivered (or its idle timeout ends
+            // it first).
             if Arc::strong_count(&entry.link) == 1 {
-                let reason = Tunnel::CLOSE_DROPPED_REASON;
                 let mut state = entry.link.lock();
-                state.connection.close(now, Tunnel::CLOSE_DROPPED, reason);
+                if state.connection.is_delivered() {
+                    let reason = Tunnel::CLOSE_DROPPED_REASON;
+                    state.connection.close(now, Tunnel::CLOSE_DROPPED, reason);
+                }
             }
             if due {
                 entry.link.lock().connection.handle_timeout(now);

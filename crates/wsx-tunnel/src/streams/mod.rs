@@ -185,6 +185,14 @@ impl Stream {
         self.open == OpenState::Pending || self.send.has_pending(limit)
     }
 
+    /// Nothing this side sent on the stream (its OPEN, data, FIN or RESET) is still on its
+    /// way to the peer.
+    fn is_delivered(&self) -> bool {
+        !matches!(self.open, OpenState::Pending | OpenState::Sent)
+            && self.send.is_delivered()
+            && self.reset == ResetState::None
+    }
+
     /// Both directions are over and nothing more needs to be sent or kept.
     fn is_closed(&self) -> bool {
         let open_done = matches!(self.open, OpenState::Remote | OpenState::Acked);
@@ -317,6 +325,12 @@ impl Streams {
     /// read.
     pub(crate) fn receive_buffered(&self) -> u64 {
         self.received_data - self.consumed_data
+    }
+
+    /// Whether everything sent on every stream has been acknowledged (O(streams); for a
+    /// shutdown).
+    pub(crate) fn all_delivered(&self) -> bool {
+        self.map.values().all(|s| s.is_delivered())
     }
 
     /// Streams currently open (including ones closing).

@@ -54,6 +54,12 @@ impl SendBuf {
         self.fin != Fin::Open
     }
 
+    /// Nothing written waits for the peer: every byte was acknowledged, and the FIN too if
+    /// the side was finished.
+    pub(crate) fn is_delivered(&self) -> bool {
+        self.data.is_empty() && matches!(self.fin, Fin::Open | Fin::Acked)
+    }
+
     /// Everything, FIN included, was acknowledged.
     pub(crate) fn is_done(&self) -> bool {
         self.fin == Fin::Acked && self.data.is_empty()
@@ -251,16 +257,22 @@ mod tests {
     #[test]
     fn a_lost_fin_is_sent_again() {
         let mut buf = SendBuf::default();
+        assert!(buf.is_delivered(), "nothing written");
         buf.write(b"x", 10);
+        assert!(!buf.is_delivered());
         let c = buf.next_chunk(10, u64::MAX).unwrap();
         buf.ack(c.offset, c.len as u64, false);
+        assert!(buf.is_delivered(), "all acknowledged, not finished");
         buf.finish();
+        assert!(!buf.is_delivered(), "the FIN is to send");
         let fin = buf.next_chunk(10, u64::MAX).unwrap();
         assert_eq!((fin.offset, fin.len, fin.fin), (1, 0, true));
         buf.lost(1, 0, true);
         let again = buf.next_chunk(10, u64::MAX).unwrap();
         assert_eq!((again.offset, again.len, again.fin), (1, 0, true));
+        assert!(!buf.is_delivered(), "the FIN is in flight");
         buf.ack(1, 0, true);
         assert!(buf.is_done());
+        assert!(buf.is_delivered());
     }
 }
