@@ -709,6 +709,9 @@ impl Io {
             if close_by.is_none() && self.shared.shutdown.load(Ordering::Acquire) {
                 let flush = Duration::from_millis(self.shared.flush_ms.load(Ordering::Relaxed));
                 close_by = Some(now + flush);
+                // No new connections: a peer reconnecting at once would keep the flush
+                // (and the driver) alive to its end.
+                self.shared.core().endpoint.set_peers(Vec::new());
             }
             if let Some(close_by) = close_by {
                 self.close_delivered(now, now >= close_by);
