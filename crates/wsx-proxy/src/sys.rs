@@ -4,14 +4,22 @@
 //!   hand them connections addressed to other hosts. The accepted socket's local address is
 //!   the original destination.
 //! - Re-origination: an outgoing socket bound, again with the transparent option, to the
-//!   client's own address and port, so that the server sees the real client and the very
-//!   4-tuple the client chose. The port matters as much as the address: a port this host
-//!   picked could be one the client's own connections already use to the same server (a
-//!   session the other gateway relays directly, or one the kernel routes past a paused
-//!   gateway), and the replies to that connection would then be delivered here.
-//!   `SO_REUSEADDR` lets two sessions share a client port toward different servers; when the
-//!   4-tuple is taken here anyway (a `TIME_WAIT` of an earlier session), `connect` falls
-//!   back to a port of its own choosing (`IP_BIND_ADDRESS_NO_PORT`).
+//!   client's own address, so that the server sees the real client. Which port:
+//!   - the far gateway, connecting for a stream its peer opened, keeps the client's own
+//!     port, so the server sees the 4-tuple the client chose. A port this host picked could
+//!     be one the client already uses to the same server by another way (a session the
+//!     near gateway relays directly, or one the kernel routes past a paused gateway), and
+//!     that connection's replies would then be delivered here. `SO_REUSEADDR` lets two
+//!     sessions share a client port toward different servers; when the 4-tuple is in use
+//!     here anyway, `connect` falls back to a port of the kernel's choosing.
+//!   - the near gateway, relaying an intercepted connection directly, lets the kernel pick
+//!     (`IP_BIND_ADDRESS_NO_PORT`): the client's own 4-tuple is the connection it
+//!     intercepted, and one conntrack entry for both legs would turn the second leg's
+//!     packets INVALID to a stateful firewall.
+//!
+//!   Each port bound explicitly is one the kernel skips when it picks a port itself, so a
+//!   gateway carrying many sessions should have an `ip_local_port_range` apart from its
+//!   clients' (see the deployment guide).
 //! - LAN tuning: TCP keepalive, `TCP_NODELAY`, and `SO_LINGER` 0 to turn a close into a reset.
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
@@ -43,7 +51,7 @@ pub fn transparent_listener(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// Connects to `to`, from `from` if given (a foreign address: the socket is made transparent),
 /// giving up after `timeout`. A `from` with a port keeps it unless this host already has
-/// that 4-tuple; see the module documentation.
+/// that 4-tuple; with port 0 the kernel picks one. See the module documentation.
 pub async fn connect(
     from: Option<SocketAddr>,
     to: SocketAddr,
@@ -76,9 +84,9 @@ fn connect_socket(
         if from.port() == 0 {
             // The option lives at the IP level for both families.
             set_int(&socket, libc::SOL_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1)?;
-        } else {
-            socket.set_reuse_address(true)?;
         }
+        // Shared with sessions bound to the same client port toward other servers.
+        socket.set_reuse_address(true)?;
         socket.bind(&from.into())?;
     }
     socket.set_nonblocking(true)?;

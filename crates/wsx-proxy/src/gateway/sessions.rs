@@ -136,10 +136,10 @@ impl Inner {
                     hold_to(&tcp, flow.as_ref());
                     self.relay(&session, tcp, stream).await
                 }
-                // Direct, and for an intercepted client still from its address: the server
-                // sees the same connection it would without wsx.
+                // Direct, and for an intercepted client still from its address (not its
+                // port: that 4-tuple is the connection intercepted here; see `sys`).
                 None => {
-                    let from = transparent.then_some(client.0);
+                    let from = transparent.then_some(SocketAddr::new(client.0.ip(), 0));
                     let to = (from, &destination);
                     let direct = self.direct(&*entry_point, &session, tcp, to, &config, class);
                     match direct.await {
@@ -367,6 +367,7 @@ impl Inner {
                      server to see the client's, if its replies route through this gateway)"
                 );
             }
+            // From the client's own address and port (see `sys`).
             let from = (config.transparent_origin && meta.transparent).then_some(client.0);
             let connect = sys::connect_target(from, &destination, config.sessions.connect_timeout);
             let connected = tokio::select! {
