@@ -85,6 +85,8 @@ pub struct Endpoint {
     timestamps: HashMap<PublicKey, u64>,
     hints: HashMap<PublicKey, PathHint>,
     stats: EndpointStats,
+    /// Shutting down: initiations are dropped unanswered.
+    refusing: bool,
     /// When ignored initiations were last logged, and how many were ignored since.
     rejections_logged: Option<Instant>,
     rejections_unlogged: u64,
@@ -108,6 +110,7 @@ impl Endpoint {
             timestamps: HashMap::new(),
             hints: HashMap::new(),
             stats: EndpointStats::default(),
+            refusing: false,
             rejections_logged: None,
             rejections_unlogged: 0,
         }
@@ -115,6 +118,12 @@ impl Endpoint {
 
     pub fn public_key(&self) -> PublicKey {
         self.public
+    }
+
+    /// Takes no new connections from now on (the driver is shutting down): initiations are
+    /// dropped unanswered, as a stopped gateway would. Connections already made go on.
+    pub fn refuse_new(&mut self) {
+        self.refusing = true;
     }
 
     /// Replaces the list of peers allowed to connect. Connections already made are kept; the
@@ -263,6 +272,9 @@ impl Endpoint {
     /// Answers an initiation from a configured peer that is newer than the last one it
     /// sent; the handshake itself (Noise, parameters, padding) is `connection::Incoming`'s.
     fn accept(&mut self, now: Instant, from: SocketAddr, datagram: &[u8]) -> Option<DatagramEvent> {
+        if self.refusing {
+            return None;
+        }
         let incoming = match Incoming::read(&self.config.secret, datagram) {
             Ok(incoming) => incoming,
             Err(e) => {

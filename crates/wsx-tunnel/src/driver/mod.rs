@@ -79,6 +79,13 @@ const READ_LOW_WATER: usize = 64 * 1024;
 /// How long a shutting-down driver waits for its connections to finish closing.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
+/// The longest flush a shutdown takes (a larger one is cut to it).
+const MAX_FLUSH: Duration = Duration::from_secs(3600);
+
+/// How long a connection nobody holds may wait for what its streams sent to be delivered
+/// (a peer that keeps the connection alive but does not read would hold it forever).
+const LINGER: Duration = Duration::from_secs(30);
+
 /// The driver reads the clock; the core never does.
 #[allow(
     clippy::disallowed_methods,
@@ -229,7 +236,7 @@ impl Driver {
     /// the I/O task has stopped. Data an application wrote before it let go of a stream
     /// reaches the peer even if the process stops right after.
     pub async fn shutdown(mut self, flush: Duration) {
-        let flush_ms = u64::try_from(flush.as_millis()).unwrap_or(u64::MAX);
+        let flush_ms = u64::try_from(flush.min(MAX_FLUSH).as_millis()).unwrap_or(u64::MAX);
         self.shared.flush_ms.store(flush_ms, Ordering::Relaxed);
         self.shared.shutdown.store(true, Ordering::Release);
         self.shared.wake.notify_one();
@@ -253,7 +260,7 @@ impl Drop for Driver {
 ///
 /// When the last handle to a connection is gone (every `Tunnel` clone and every [`Stream`]),
 /// the driver closes it with [`Tunnel::CLOSE_DROPPED`] as soon as what its streams sent has
-/// been delivered: nobody is left to use it.
+/// been delivered (30 s at most): nobody is left to use it.
 #[derive(Debug, Clone)]
 pub struct Tunnel {
     link: Arc<Link>,
@@ -697,6 +704,8 @@ struct Entry {
     parked: Vec<u8>,
     /// The driver is shutting down and has closed this connection.
     closed: bool,
+    /// When the driver found it held by no handle.
+    unheld_since: Option<Instant>,
 }
 
 impl Io {
@@ -711,7 +720,7 @@ impl Io {
                 close_by = Some(now + flush);
                 // No new connections: a peer reconnecting at once would keep the flush
                 // (and the driver) alive to its end.
-                self.shared.core().endpoint.set_peers(Vec::new());
+                self.shared.core().endpoint.refuse_new();
             }
             if let Some(close_by) = close_by {
                 self.close_delivered(now, now >= close_by);
@@ -786,6 +795,7 @@ impl Io {
                 parked_to: None,
                 parked: Vec::new(),
                 closed: false,
+                unheld_since: None,
             },
         );
     }
@@ -931,11 +941,12 @@ impl Io {
             }
             entry.received = false;
             // Only this task holds it: no handle is left to use the connection. It closes
-            // once what its streams sent last has been delivered (or its idle timeout ends
-            // it first).
+            // once what its streams sent last has been delivered, or after LINGER (checked
+            // whenever it is serviced: at least every keepalive while the peer is there).
             if Arc::strong_count(&entry.link) == 1 {
+                let since = *entry.unheld_since.get_or_insert(now);
                 let mut state = entry.link.lock();
-                if state.connection.is_delivered() {
+                if now >= since + LINGER || state.connection.is_delivered() {
                     let reason = Tunnel::CLOSE_DROPPED_REASON;
                     state.connection.close(now, Tunnel::CLOSE_DROPPED, reason);
                 }

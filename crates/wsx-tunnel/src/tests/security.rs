@@ -159,6 +159,11 @@ fn bad_handshakes_get_no_answer() {
             ..
         })
     ));
+    // Shutting down: even a valid, newer initiation gets no answer.
+    server.refuse_new();
+    let later = initiation(&client_key, unix + Duration::from_secs(3), &mut buf);
+    assert!(server.handle(t0, from, &later).is_none());
+    assert_eq!(server.stats().handshakes_accepted, 2);
 }
 
 /// Where the log goes in [`ignored_initiations_are_logged_sparingly`].
