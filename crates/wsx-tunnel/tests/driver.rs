@@ -392,3 +392,61 @@ async fn what_was_sent_last_arrives_before_the_close() {
         b.shutdown(Duration::ZERO).await;
     }
 }
+
+/// A connection nobody holds waits for delivery no longer than its idle timeout: a peer
+/// that keeps it alive but never reads what it was sent has it closed all the same.
+#[tokio::test]
+async fn a_connection_nobody_holds_waits_no_longer_than_the_idle_timeout() {
+    let lo = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let (ka, kb) = (SecretKey::generate(), SecretKey::generate());
+    let small = |mut c: EndpointConfig| {
+        c.transport.idle_timeout = Duration::from_secs(1);
+        c.transport.keepalive = Duration::from_millis(200);
+        c.transport.stream_window = 64 * 1024;
+        c.transport.connection_window = 64 * 1024;
+        c
+    };
+    let a = Driver::bind(lo, small(config(&ka, &[&kb]))).expect("bind a");
+    let b = Driver::bind(lo, small(config(&kb, &[&ka]))).expect("bind b");
+    let client = a.connect(b.local_addr(), kb.public_key()).expect("connect");
+    let server = timeout(HANG, b.accept())
+        .await
+        .expect("hung")
+        .expect("accept");
+    timeout(HANG, client.established())
+        .await
+        .expect("handshake hung")
+        .expect("handshake");
+    let mut stream = client.open(StreamMeta::default()).expect("open");
+    stream.write_all(b"x").await.expect("write");
+    // The peer takes the stream, finishes its side at once and never reads.
+    let mut held = timeout(HANG, server.accept_stream())
+        .await
+        .expect("hung")
+        .expect("accept stream");
+    held.shutdown().await.expect("finish");
+    let mut nothing = Vec::new();
+    stream.read_to_end(&mut nothing).await.expect("read");
+    // Four windows' worth, finished, and both directions ended here: dropping the stream
+    // does not reset it, and most of what it holds can never be delivered.
+    stream
+        .write_all(&content(5, 256 * 1024))
+        .await
+        .expect("write");
+    stream.shutdown().await.expect("finish");
+    drop((stream, client));
+    // Hung if the connection waited for ever (the guard is ten idle timeouts).
+    let closed = timeout(Duration::from_secs(10), server.closed())
+        .await
+        .expect("the connection nobody holds was not closed");
+    assert_eq!(
+        closed,
+        ConnectionError::PeerClosed {
+            code: Tunnel::CLOSE_DROPPED,
+            reason: "dropped".into()
+        }
+    );
+    drop(held);
+    a.shutdown(Duration::ZERO).await;
+    b.shutdown(Duration::ZERO).await;
+}

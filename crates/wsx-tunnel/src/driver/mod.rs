@@ -82,10 +82,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The longest flush a shutdown takes (a larger one is cut to it).
 const MAX_FLUSH: Duration = Duration::from_secs(3600);
 
-/// How long a connection nobody holds may wait for what its streams sent to be delivered
-/// (a peer that keeps the connection alive but does not read would hold it forever).
-const LINGER: Duration = Duration::from_secs(30);
-
 /// The driver reads the clock; the core never does.
 #[allow(
     clippy::disallowed_methods,
@@ -166,7 +162,9 @@ impl Driver {
             blocked: Mutex::new(Vec::new()),
         });
         let (max_datagram, max_burst) = send_limits(&shared);
+        let linger = shared.core().endpoint.transport_config().idle_timeout;
         let io = Io {
+            linger,
             recv: socket::RecvBuffers::new(&state),
             send: vec![0; max_datagram * max_burst].into_boxed_slice(),
             max_datagram,
@@ -260,7 +258,8 @@ impl Drop for Driver {
 ///
 /// When the last handle to a connection is gone (every `Tunnel` clone and every [`Stream`]),
 /// the driver closes it with [`Tunnel::CLOSE_DROPPED`] as soon as what its streams sent has
-/// been delivered (30 s at most): nobody is left to use it.
+/// been delivered (waiting the transport's `idle_timeout` at most): nobody is left to use
+/// it.
 #[derive(Debug, Clone)]
 pub struct Tunnel {
     link: Arc<Link>,
@@ -688,6 +687,10 @@ struct Io {
     routes: Vec<(usize, usize, SocketAddr, ConnectionHandle)>,
     /// A send found the socket's buffer full: a transmit is parked until it is writable.
     write_blocked: bool,
+    /// How long a connection nobody holds may wait for what its streams sent to be
+    /// delivered (a peer that keeps the connection alive but does not read would hold it
+    /// forever): the idle timeout, the time a silent peer gets.
+    linger: Duration,
 }
 
 struct Entry {
@@ -941,12 +944,13 @@ impl Io {
             }
             entry.received = false;
             // Only this task holds it: no handle is left to use the connection. It closes
-            // once what its streams sent last has been delivered, or after LINGER (checked
-            // whenever it is serviced: at least every keepalive while the peer is there).
+            // once what its streams sent last has been delivered, or after `linger`
+            // (checked whenever it is serviced: at least every keepalive while the peer is
+            // there).
             if Arc::strong_count(&entry.link) == 1 {
                 let since = *entry.unheld_since.get_or_insert(now);
                 let mut state = entry.link.lock();
-                if now >= since + LINGER || state.connection.is_delivered() {
+                if now >= since + self.linger || state.connection.is_delivered() {
                     let reason = Tunnel::CLOSE_DROPPED_REASON;
                     state.connection.close(now, Tunnel::CLOSE_DROPPED, reason);
                 }
