@@ -233,14 +233,26 @@ fn new_sessions_bypass_a_dead_peer_and_return_to_the_tunnel() {
 /// re-originates new sessions of the same client to the same server. Both gateways' port
 /// ranges are cut to the same eight ports: had gw-b connected from a port of its own
 /// choosing, it would have taken the 4-tuple of a direct session, reset the server's end of
-/// it and swallowed its replies. It connects from the client's own port instead.
+/// it and swallowed its replies. It connects from the client's own port instead. Both
+/// gateways drop what conntrack finds INVALID, as a site's stateful firewall does: gw-a's
+/// direct leg must not share the intercepted connection's 4-tuple (and so its conntrack
+/// entry).
 #[test]
 fn direct_sessions_survive_the_peers_return() {
     let _serial = serial();
     let (lab, dir) = lab();
     for node in [Node::GwA, Node::GwB] {
+        let netns = lab.netns(node);
         let range = "40000 40007";
-        wsx_lab::netns::sysctl(&lab.netns(node), "net.ipv4.ip_local_port_range", range).unwrap();
+        wsx_lab::netns::sysctl(&netns, "net.ipv4.ip_local_port_range", range).unwrap();
+        let mut firewall = String::from("add table inet site-fw");
+        for hook in ["input", "forward", "output"] {
+            firewall.push_str(&format!(
+                "; add chain inet site-fw {hook} {{ type filter hook {hook} priority filter; }}\
+                 ; add rule inet site-fw {hook} ct state invalid counter drop"
+            ));
+        }
+        wsx_lab::netns::exec(&netns, "nft", &[&firewall]).unwrap();
     }
     let (gw_a, mut gw_b) = gateways(&lab, &dir);
     let server = wsx_e2e::echo_server(&lab);
