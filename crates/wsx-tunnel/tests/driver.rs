@@ -51,9 +51,19 @@ async fn exchange(mut stream: Stream, data: Vec<u8>) -> Vec<u8> {
 }
 
 async fn connected_pair(bind_a: SocketAddr, bind_b: SocketAddr, connect_to: SocketAddr) -> Pair {
+    connected_pair_with(bind_a, bind_b, connect_to, |c| c).await
+}
+
+/// [`connected_pair`] with both sides' configurations passed through `tweak`.
+async fn connected_pair_with(
+    bind_a: SocketAddr,
+    bind_b: SocketAddr,
+    connect_to: SocketAddr,
+    tweak: impl Fn(EndpointConfig) -> EndpointConfig,
+) -> Pair {
     let (ka, kb) = (SecretKey::generate(), SecretKey::generate());
-    let a = Driver::bind(bind_a, config(&ka, &[&kb])).expect("bind a");
-    let b = Driver::bind(bind_b, config(&kb, &[&ka])).expect("bind b");
+    let a = Driver::bind(bind_a, tweak(config(&ka, &[&kb]))).expect("bind a");
+    let b = Driver::bind(bind_b, tweak(config(&kb, &[&ka]))).expect("bind b");
     let to = SocketAddr::new(connect_to.ip(), b.local_addr().port());
     let client = a.connect(to, kb.public_key()).expect("connect");
     let server = timeout(HANG, b.accept())
@@ -398,7 +408,6 @@ async fn what_was_sent_last_arrives_before_the_close() {
 #[tokio::test]
 async fn a_connection_nobody_holds_waits_no_longer_than_the_idle_timeout() {
     let lo = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let (ka, kb) = (SecretKey::generate(), SecretKey::generate());
     let small = |mut c: EndpointConfig| {
         c.transport.idle_timeout = Duration::from_secs(1);
         c.transport.keepalive = Duration::from_millis(200);
@@ -406,17 +415,12 @@ async fn a_connection_nobody_holds_waits_no_longer_than_the_idle_timeout() {
         c.transport.connection_window = 64 * 1024;
         c
     };
-    let a = Driver::bind(lo, small(config(&ka, &[&kb]))).expect("bind a");
-    let b = Driver::bind(lo, small(config(&kb, &[&ka]))).expect("bind b");
-    let client = a.connect(b.local_addr(), kb.public_key()).expect("connect");
-    let server = timeout(HANG, b.accept())
-        .await
-        .expect("hung")
-        .expect("accept");
-    timeout(HANG, client.established())
-        .await
-        .expect("handshake hung")
-        .expect("handshake");
+    let Pair {
+        a,
+        b,
+        client,
+        server,
+    } = connected_pair_with(lo, lo, lo, small).await;
     let mut stream = client.open(StreamMeta::default()).expect("open");
     stream.write_all(b"x").await.expect("write");
     // The peer takes the stream, finishes its side at once and never reads.
