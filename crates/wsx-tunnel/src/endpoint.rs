@@ -63,11 +63,15 @@ struct Entry {
     initiator: bool,
     /// When this side started it.
     started: Instant,
+    /// The peer answered this side's initiation: it holds the connection.
+    answered: bool,
 }
 
-/// An initiation from a peer we started a connection to less than this long ago is taken
-/// for both sides initiating at once (the larger key keeps its own attempt); after it, for
-/// a peer that lost the connection (it restarted), and it replaces ours.
+/// An initiation from a peer we started a connection to less than this long ago, and
+/// that has not answered it, is taken for both sides initiating at once (the larger key
+/// keeps its own attempt). A peer that answered ours, or that we have waited on longer,
+/// has lost the connection (it restarted, or never got our initiation): its initiation
+/// replaces ours.
 const SIMULTANEOUS: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// See the module documentation.
@@ -190,6 +194,7 @@ impl Endpoint {
                 peer,
                 initiator,
                 started: now,
+                answered: false,
             },
         );
         self.by_id.insert(local_id, handle);
@@ -226,14 +231,23 @@ impl Endpoint {
                 return None;
             }
         };
-        let receiver = match header {
+        let (receiver, response) = match header {
             Header::Initiation { .. } => return self.accept(now, from, datagram),
-            Header::Response { receiver, .. } => receiver,
-            Header::Data(h) => h.receiver,
-            Header::Parity { receiver } => receiver,
+            Header::Response { receiver, .. } => (receiver, true),
+            Header::Data(h) => (h.receiver, false),
+            Header::Parity { receiver } => (receiver, false),
         };
         match self.by_id.get(&receiver) {
-            Some(&handle) => Some(DatagramEvent::Route(handle)),
+            Some(&handle) => {
+                if response {
+                    // Unauthenticated here, so it only lifts the tie-break in `accept`: the
+                    // initiation it lets in is authenticated by its own handshake.
+                    if let Some(entry) = self.entries.get_mut(&handle) {
+                        entry.answered = true;
+                    }
+                }
+                Some(DatagramEvent::Route(handle))
+            }
             None => {
                 self.stats.unroutable += 1;
                 None
@@ -301,12 +315,12 @@ impl Endpoint {
             return None;
         }
         // Both sides initiating at once: the side with the larger key keeps its own attempt.
-        // Long after ours, a peer that initiates again has lost the connection (it
-        // restarted): its newer initiation replaces it.
+        // A peer that initiates after answering ours has lost the connection (it
+        // restarted): its newer initiation replaces it, however soon.
         let existing = self.by_peer.get(&peer).copied();
         if let Some(entry) = existing.and_then(|h| self.entries.get(&h)) {
             let recent = now.saturating_duration_since(entry.started) < SIMULTANEOUS;
-            if entry.initiator && recent && self.public > peer {
+            if entry.initiator && !entry.answered && recent && self.public > peer {
                 return None;
             }
         }

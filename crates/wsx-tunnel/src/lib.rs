@@ -62,8 +62,9 @@ pub use congestion::{
     NewRenoConfig, PathHint,
 };
 pub use connection::{
-    CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, Connection, ConnectionError, ConnectionStats,
-    ControlError, Event, FecStats, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES, Transmit, TransportError,
+    CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, CLOSE_REPLACED, Connection, ConnectionError,
+    ConnectionStats, ControlError, Event, FecStats, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES,
+    Transmit, TransportError,
 };
 pub use crypto::{
     KEY_LEN, KEY_UPDATE_INTERVAL, KEY_UPDATE_PACKETS, KeyError, PublicKey, SecretKey,

@@ -12,6 +12,10 @@ pub const CLOSE_PROTOCOL_VIOLATION: u64 = 0x100;
 /// ([`ConnectionError::PathBlackHole`]).
 pub const CLOSE_PATH_BLACK_HOLE: u64 = 0x101;
 
+/// Close code for a connection the peer replaced with a newer one
+/// ([`ConnectionError::Replaced`] on the side that replaced it).
+pub const CLOSE_REPLACED: u64 = 0x102;
+
 /// Why a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

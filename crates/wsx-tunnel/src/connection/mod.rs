@@ -46,7 +46,10 @@ use crate::wire::{StreamId, StreamMeta};
 use ack::AckState;
 use control::ControlChannel;
 pub use control::{ControlError, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES};
-pub use error::{CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, ConnectionError, TransportError};
+pub use error::{
+    CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, CLOSE_REPLACED, ConnectionError,
+    TransportError,
+};
 pub use fec::FecStats;
 use fec::{FecReceiver, FecSender};
 use handshake::Initiation;
@@ -507,11 +510,26 @@ impl Connection {
     }
 
     /// Ends this connection because the endpoint accepted a newer one from the same peer
-    /// ([`crate::DatagramEvent::NewConnection`] names it in `replaces`).
-    pub fn replaced(&mut self) {
-        self.state = State::Drained;
-        self.events
-            .push_back(Event::ConnectionLost(ConnectionError::Replaced));
+    /// ([`crate::DatagramEvent::NewConnection`] names it in `replaces`). An established
+    /// one is closed with [`CLOSE_REPLACED`]: a peer that restarted does not know it any
+    /// more and drops the close, but one that still holds it (it connected again without
+    /// giving this one up) learns at once that it is over, instead of finding it silent.
+    /// One still in its handshake just ends: the peer's newer attempt supersedes it.
+    pub fn replaced(&mut self, now: Instant) {
+        match self.state {
+            State::Closing { .. } | State::Draining { .. } | State::Drained => {}
+            State::Handshake(_) | State::AwaitingConfirmation { .. } => {
+                self.state = State::Drained;
+                self.events
+                    .push_back(Event::ConnectionLost(ConnectionError::Replaced));
+            }
+            State::Established => self.close_with(
+                now,
+                CLOSE_REPLACED,
+                b"replaced by a newer connection",
+                ConnectionError::Replaced,
+            ),
+        }
     }
 
     // ---- Timers -----------------------------------------------------------------------------

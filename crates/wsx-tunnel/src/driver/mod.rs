@@ -883,7 +883,7 @@ impl Io {
     ) {
         if let Some(old) = replaces.and_then(|h| self.connections.get_mut(&h)) {
             let mut state = old.link.lock();
-            state.connection.replaced();
+            state.connection.replaced(now);
             state.dispatch_events(now);
             old.received = true;
         }

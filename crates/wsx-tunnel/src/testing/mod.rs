@@ -40,11 +40,12 @@ pub struct Side {
 }
 
 impl Side {
-    /// The only connection (tests with one connection per side).
+    /// The only connection (tests with one connection per side), or the newest while one
+    /// it replaced is still closing.
     pub fn connection(&mut self) -> &mut Connection {
         self.connections
             .values_mut()
-            .next()
+            .next_back()
             .expect("the side has a connection")
     }
 }
@@ -354,11 +355,9 @@ impl Pair {
                 connection,
                 replaces,
             } => {
-                if let Some(old) = replaces {
-                    if let Some(mut replaced) = side.connections.remove(&old) {
-                        replaced.replaced();
-                        side.endpoint.forget(old, replaced.path_hint());
-                    }
+                // The replaced connection stays until it has drained (it may send a close).
+                if let Some(replaced) = replaces.and_then(|old| side.connections.get_mut(&old)) {
+                    replaced.replaced(self.now);
                 }
                 side.connections.insert(handle, *connection);
             }

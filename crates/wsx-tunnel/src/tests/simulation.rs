@@ -2,7 +2,7 @@
 //! bytes the receiving application read, against the bottleneck rate in UDP payload bytes.
 
 use crate::testing::{LinkConfig, Pair, Transfers};
-use crate::{Connection, FecMode, StreamMeta, TransportConfig};
+use crate::{Connection, ConnectionError, Event, FecMode, StreamMeta, TransportConfig};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -522,10 +522,10 @@ fn a_thousand_streams_complete_and_leave_nothing_behind() {
 
 /// A side that lost its connection (it restarted) and initiates again replaces the one the
 /// other side kept, whichever side made the old one (so whichever has the larger key, which
-/// wins when both initiate at once).
+/// wins when both initiate at once), and however soon after the old one was made.
 #[test]
 fn a_restarted_peer_replaces_the_connection_the_other_side_kept() {
-    for kept_by in [0, 1] {
+    for (kept_by, restart_after) in [(0, 12), (1, 12), (0, 1), (1, 1)] {
         let restarted = 1 - kept_by;
         let link = LinkConfig::new(RTT, 100);
         let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 21);
@@ -540,16 +540,79 @@ fn a_restarted_peer_replaces_the_connection_the_other_side_kept() {
             established(p, 0) && established(p, 1)
         });
         let old: Vec<_> = pair.sides[kept_by].connections.keys().copied().collect();
-        // The restart comes after the window in which both sides' attempts race.
-        let quiet = pair.now + Duration::from_secs(12);
+        // After the window in which both sides' attempts race, and well within it: the
+        // peer answered the old one, so a new initiation is no race.
+        let quiet = pair.now + Duration::from_secs(restart_after);
         pair.run_until(Duration::from_secs(15), |p| p.now >= quiet);
         pair.restart(restarted);
         pair.initiate_to(restarted, kept_by);
-        // Well within the kept connection's idle timeout (30 s), which would end it anyway.
-        pair.run_until(Duration::from_secs(5), |p| {
+        // Its first attempt is taken (no retry, 1 s later, needed), well within the kept
+        // connection's idle timeout (30 s), which would end it anyway.
+        pair.run_until(Duration::from_millis(900), |p| {
             established(p, restarted)
                 && established(p, kept_by)
                 && !p.sides[kept_by].connections.keys().any(|h| old.contains(h))
+        });
+    }
+}
+
+/// A side that connects again while it still holds its connection (two gateways' tasks
+/// racing) gets the new one, and the old one ends on both sides at once: the other side
+/// closes it with `CLOSE_REPLACED` instead of leaving it silent.
+#[test]
+fn a_connection_replaced_while_its_maker_holds_it_is_closed_on_both_sides() {
+    let link = LinkConfig::new(RTT, 100);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 23);
+    pair.connect();
+    let old = *pair.sides[0].connections.keys().next().expect("connected");
+    pair.initiate_to(0, 1);
+    let told = Event::ConnectionLost(ConnectionError::PeerClosed {
+        code: crate::CLOSE_REPLACED,
+        reason: "replaced by a newer connection".into(),
+    });
+    pair.run_until(RTT * 3, |p| {
+        p.sides[0].events.contains(&(old, told.clone()))
+            && p.sides[0]
+                .connections
+                .values()
+                .any(Connection::is_established)
+    });
+    let replaced = Event::ConnectionLost(ConnectionError::Replaced);
+    assert!(pair.sides[1].events.iter().any(|(_, e)| *e == replaced));
+}
+
+/// Both sides initiate at the same moment, over a lossy path: they settle on one
+/// connection, the same on both sides (each hears the other on it), and the attempt that
+/// lost ends on both.
+#[test]
+fn both_sides_initiating_at_once_settle_on_one_connection() {
+    for seed in 0..20 {
+        let link = LinkConfig::new(RTT, 100).with_loss(0.1);
+        let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 40 + seed);
+        pair.initiate_to(0, 1);
+        pair.initiate_to(1, 0);
+        // One established connection a side, and the other side's keepalives (one a
+        // second) arrive on it: a side left holding the attempt that lost would hear
+        // nothing on it.
+        let settled = |p: &Pair| {
+            p.sides.iter().all(|side| {
+                side.connections.len() == 1
+                    && side.connections.values().all(|c| {
+                        c.is_established()
+                            && p.now.saturating_duration_since(c.last_heard())
+                                < Duration::from_secs(3)
+                    })
+            })
+        };
+        pair.run_until(Duration::from_secs(30), |p| settled(p));
+        let until = pair.now + Duration::from_secs(6);
+        pair.run_until(Duration::from_secs(7), |p| {
+            assert!(
+                settled(p),
+                "seed {seed}: unsettled again at {:?}",
+                p.now - p.epoch
+            );
+            p.now >= until
         });
     }
 }
