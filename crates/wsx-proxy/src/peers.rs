@@ -8,8 +8,8 @@
 //! Two gateways share one tunnel, whichever of them started it: the tunnel endpoint keeps one
 //! connection per peer (a newer handshake replaces an older connection, and when both start
 //! at once the larger key's attempt wins), and a gateway only connects while it has no
-//! healthy tunnel to the peer. So one congestion controller sees all the traffic between
-//! the two.
+//! tunnel to the peer, neither in service nor being accepted from it. So one congestion
+//! controller sees all the traffic between the two.
 
 use crate::chunked::{Codec, CompressionStats, Counters};
 use ipnet::IpNet;
@@ -90,6 +90,21 @@ pub(crate) struct Peer {
 struct PeerState {
     config: PeerConfig,
     tunnels: Vec<Tunnel>,
+    /// Tunnels the peer opened that wait for their handshake to be confirmed.
+    accepting: usize,
+}
+
+/// A tunnel the peer opened, accepted and not yet in service or given up, counted while it
+/// lives: meanwhile this gateway does not connect to the peer itself, since the peer would
+/// take a second connection for a restart of ours and drop its own for it.
+#[derive(Debug)]
+pub(crate) struct Accepting(Arc<Peer>);
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.accepting = state.accepting.saturating_sub(1);
+    }
 }
 
 impl Peer {
@@ -98,6 +113,7 @@ impl Peer {
             state: Mutex::new(PeerState {
                 config,
                 tunnels: Vec::new(),
+                accepting: 0,
             }),
             compression: Arc::default(),
         }
@@ -141,6 +157,17 @@ impl Peer {
 
     pub(crate) fn tunnels(&self) -> Vec<Tunnel> {
         self.lock().tunnels.clone()
+    }
+
+    /// Counts a tunnel the peer opened until the guard is dropped.
+    pub(crate) fn accepting(self: &Arc<Self>) -> Accepting {
+        self.lock().accepting += 1;
+        Accepting(self.clone())
+    }
+
+    /// Whether a tunnel the peer opened is on its way into service.
+    pub(crate) fn is_accepting(&self) -> bool {
+        self.lock().accepting > 0
     }
 
     /// The tunnel for new streams, if the peer is healthy: the newest established one that

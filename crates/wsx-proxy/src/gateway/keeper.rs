@@ -12,6 +12,11 @@
 //! A tunnel leaves service when it ends (closed, replaced, or idle past that timeout); it
 //! logs its totals then ("tunnel totals"), and each peer's compression totals are logged at
 //! stop.
+//!
+//! A keeper does not connect while a tunnel the peer opened is being accepted, nor right
+//! after the peer's newer handshake replaced its own: a second connection of ours would
+//! reach a peer that already holds the one it made, which would take ours for a restart
+//! and drop its own, and sessions opened on that one meanwhile would be lost.
 
 use super::{Inner, PeerEntry};
 use crate::peers::{Peer, PeerConfig, PrefixTable};
@@ -96,8 +101,9 @@ impl Inner {
         let mut failures = 0u32;
         while !cancel.is_cancelled() {
             let health = self.config().sessions.health_timeout;
-            // A tunnel in service, even a silent one, is waited for rather than replaced.
-            if peer.usable_tunnel(health).is_some() || !peer.tunnels().is_empty() {
+            // A tunnel in service, even a silent one, is waited for rather than replaced; so
+            // is one the peer opened, on its way into service.
+            if !peer.tunnels().is_empty() || peer.is_accepting() {
                 sleep_or_cancel(HEALTH_CHECK, &cancel).await;
                 continue;
             }
@@ -118,9 +124,15 @@ impl Inner {
                     failures = 0;
                     self.adopt(&peer, tunnel.clone(), &cancel);
                     self.watch(&peer, &tunnel, &cancel).await;
+                    if tunnel.error() == Some(ConnectionError::Replaced) {
+                        await_replacement(&peer, &cancel).await;
+                    }
                 }
                 // The peer connected at the same moment and its attempt won: use that one.
-                Ok(Err(ConnectionError::Replaced)) => debug!("our handshake lost to the peer's"),
+                Ok(Err(ConnectionError::Replaced)) => {
+                    debug!("our handshake lost to the peer's");
+                    await_replacement(&peer, &cancel).await;
+                }
                 Ok(Err(e)) => {
                     failures += 1;
                     log_failure(failures, &format!("handshake failed: {e}"), endpoint);
@@ -231,6 +243,7 @@ impl Inner {
             };
             let name = peer.config().name;
             let this = self.clone();
+            let accepting = peer.accepting();
             tokio::spawn(
                 async move {
                     match tokio::time::timeout(HANDSHAKE_WAIT, tunnel.established()).await {
@@ -239,6 +252,7 @@ impl Inner {
                         Err(_) => return debug!("accepted tunnel never confirmed"),
                     }
                     this.adopt(&peer, tunnel.clone(), &cancel);
+                    drop(accepting);
                     this.watch(&peer, &tunnel, &cancel).await;
                 }
                 .instrument(info_span!("peer", %name)),
@@ -272,6 +286,20 @@ impl Inner {
             log_compression_totals(&entry.peer);
             entry.cancel.cancel();
         }
+    }
+}
+
+/// Our connection was replaced by a newer one the peer made: waits (at most a handshake's
+/// time) for that one to come into service through `accept_tunnels`, which may not have
+/// counted it yet when the replacement is seen here.
+async fn await_replacement(peer: &Peer, cancel: &CancellationToken) {
+    let start = tokio::time::Instant::now();
+    while peer.tunnels().is_empty() && !cancel.is_cancelled() {
+        let waited = start.elapsed();
+        if waited >= HANDSHAKE_WAIT || (waited >= HEALTH_CHECK && !peer.is_accepting()) {
+            return;
+        }
+        sleep_or_cancel(HEALTH_CHECK, cancel).await;
     }
 }
 
