@@ -14,7 +14,6 @@ use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use wsx_lab::traffic::{self, PayloadKind, SendOptions, SinkOptions};
 use wsx_lab::{Lab, Node, WanSpec, addr};
@@ -339,7 +338,7 @@ pub fn transfer_through(
     payload: PayloadKind,
 ) -> u64 {
     let target = connect_to;
-    let sink: JoinHandle<traffic::SinkReport> = std::thread::spawn(move || {
+    let sink = std::thread::spawn(move || {
         traffic::sink(
             &listener,
             SinkOptions {
@@ -347,7 +346,6 @@ pub fn transfer_through(
                 idle_timeout: Duration::from_secs(30),
             },
         )
-        .unwrap()
     });
     let options = SendOptions {
         to: target,
@@ -364,12 +362,14 @@ pub fn transfer_through(
         .run_in(from, move || traffic::send(&options))
         .unwrap()
         .unwrap();
+    // The sender's failure, if any, says more than the sink's missing connection.
     let received = sink.join().unwrap();
     assert!(
         sent.verified(),
         "sender: {:?}",
         sent.flows.iter().find(|f| !f.verified)
     );
+    let received = received.unwrap();
     assert!(
         received.verified(),
         "sink: {:?}",

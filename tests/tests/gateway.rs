@@ -212,7 +212,9 @@ fn new_sessions_bypass_a_dead_peer_and_return_to_the_tunnel() {
     assert_eq!(gw_a.sessions("tunnel"), 1);
     // A crash: nothing is cleaned up on gw-b.
     gw_b.crash();
-    std::thread::sleep(Duration::from_secs(3));
+    // New sessions go direct once gw-a has found the peer silent (not after a fixed
+    // wait, which a loaded machine can outlast).
+    gw_a.wait_for("peer not heard from", Duration::from_secs(10));
     assert_eq!(
         transfer(&lab, Node::Client, Node::Server, false, 2, 1_000_000),
         2_000_000
@@ -470,6 +472,7 @@ fn a_reload_changes_prefixes_and_keeps_live_sessions() {
         let client = std::thread::spawn(move || {
             wsx_lab::netns::run_in(&netns, move || {
                 let mut c = TcpStream::connect(target).unwrap();
+                c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
                 let data = pseudo_random(200_000, 5);
                 c.write_all(&data[..100_000]).unwrap();
                 std::thread::sleep(Duration::from_secs(2));
@@ -551,7 +554,7 @@ fn a_secondary_peer_takes_over_from_a_dead_primary() {
     );
     assert_eq!(gw_a.count_all(&["peer=\"primary\"", "session opened"]), 1);
     gw_b.crash();
-    std::thread::sleep(Duration::from_secs(3));
+    gw_a.wait_for("peer not heard from", Duration::from_secs(10));
     assert_eq!(
         transfer(&lab, Node::Client, Node::Server, false, 2, 1_000_000),
         2_000_000

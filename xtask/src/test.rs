@@ -4,7 +4,8 @@
 //! rather than skipping them. It installs the Debian packages the lab uses when they are
 //! missing, and schemathesis (the property-based API tester, from PyPI, in a virtual
 //! environment under `target/tools`), removes leftovers of killed runs first, and fails if
-//! the run leaks namespaces.
+//! the run leaks namespaces. Each test binary runs under `timeout`, so a hung test fails
+//! the run with its binary named rather than stalling it.
 
 use crate::host;
 use anyhow::{Context, Result, bail};
@@ -19,6 +20,10 @@ pub(crate) struct TestArgs {
 
 /// The schemathesis release the API test was written against.
 const SCHEMATHESIS: &str = "schemathesis==4.32.5";
+
+/// The longest one test binary may run. The slowest take about 75 s here; this is a
+/// bound on a hang, not a performance check.
+const BINARY_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 pub(crate) fn run(args: &TestArgs) -> Result<()> {
     host::require_root("test")?;
@@ -39,8 +44,15 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     if !status.success() {
         bail!("cargo build failed");
     }
+    // Every test binary runs under `timeout`: one that hangs fails the run in minutes,
+    // named in cargo's report, instead of holding it until CI's own limit.
+    let runner = format!(
+        "target.'cfg(all())'.runner = [\"timeout\", \"--kill-after=10\", \"{}\"]",
+        BINARY_TIME_LIMIT.as_secs()
+    );
     let status = Command::new(&cargo)
         .args(["test", "--workspace", "--all-targets", "--no-fail-fast"])
+        .args(["--config", &runner])
         .args(&args.cargo_args)
         .env("WSX_SCHEMATHESIS", &schemathesis)
         .current_dir(&root)

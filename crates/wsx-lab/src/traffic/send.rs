@@ -26,7 +26,8 @@ pub struct SendOptions {
     pub payload: PayloadKind,
     /// Seed of the payload streams.
     pub seed: u64,
-    /// How long to wait for the sink's receipt after the last byte.
+    /// How long to wait for the sink's receipt after the last byte, and the longest one
+    /// write may wait for the path to take data.
     pub receipt_timeout: Duration,
     /// Each flow writes at most this many bits per second, in 10 ms portions (a flow
     /// limited by its application); `None`: as fast as TCP takes it.
@@ -146,6 +147,8 @@ fn try_send_flow(
         .connect(&options.to.into())
         .with_context(|| format!("connecting to {}", options.to))?;
     let mut stream: TcpStream = socket.into();
+    // A path that stops moving fails the flow instead of blocking it for ever.
+    stream.set_write_timeout(Some(options.receipt_timeout))?;
     let header = header(options, flow, origin_ns);
     stream.write_all(&header.emit())?;
     let mut source = Source::new(options, flow, origin_ns);

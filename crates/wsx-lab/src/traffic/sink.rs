@@ -13,7 +13,8 @@ use std::time::Duration;
 pub struct SinkOptions {
     /// Connections to accept before reporting.
     pub flows: u16,
-    /// A connection idle this long fails.
+    /// A connection idle this long fails, and so does a wait this long for the next
+    /// connection (a sender that never connects must not hold the sink for ever).
     pub idle_timeout: Duration,
 }
 
@@ -63,9 +64,18 @@ pub struct FlowReport {
 
 /// Accepts `options.flows` connections on `listener`, verifies them all, and reports.
 pub fn sink(listener: &TcpListener, options: SinkOptions) -> Result<SinkReport> {
+    // SO_RCVTIMEO bounds accept(2) as it bounds reads.
+    socket2::SockRef::from(listener).set_read_timeout(Some(options.idle_timeout))?;
     let mut handles = Vec::new();
-    for _ in 0..options.flows {
-        let (stream, _) = listener.accept().context("accepting")?;
+    for accepted in 0..options.flows {
+        let (stream, _) = listener.accept().with_context(|| {
+            format!(
+                "accepting flow {} of {} (waited up to {:?})",
+                accepted + 1,
+                options.flows,
+                options.idle_timeout
+            )
+        })?;
         handles.push(
             std::thread::Builder::new()
                 .name("sink".into())
