@@ -537,10 +537,10 @@ pub fn toml_list(items: &[String]) -> String {
 
 /// A lab node booted as a machine of its own: systemd runs as PID 1 of a new PID and mount
 /// namespace inside the node's network namespace, so units, `systemctl` and `journalctl`
-/// work there as on a gateway. `/etc`, `/usr/local`, `/var` and `/tmp` are overlays on this
-/// host's (what is installed into the machine stays in it and goes with it; the workspace
-/// and its build stay visible wherever they are, `/tmp` included: the machine's
-/// systemd-tmpfiles is told not to empty it); `/run` is empty.
+/// work there as on a gateway. `/etc`, `/usr`, `/var` and `/tmp` are overlays on this
+/// host's (what is installed into the machine, by hand or by dpkg, stays in it and goes
+/// with it; the workspace and its build stay visible wherever they are, `/tmp` included:
+/// the machine's systemd-tmpfiles is told not to empty it); `/run` is empty.
 /// Dropping it kills the machine; so does the end of the test process.
 #[derive(Debug)]
 pub struct Machine {
@@ -553,7 +553,7 @@ pub struct Machine {
 const BOOT: &str = r#"set -e
 mount -t proc proc /proc
 mount -t tmpfs -o mode=0755 tmpfs /run
-for dir in /etc /usr/local /var /tmp; do
+for dir in /etc /usr /var /tmp; do
     state=/run/machine-overlay$dir
     mkdir -p "$state/upper" "$state/work"
     mount -t overlay overlay -o "lowerdir=$dir,upperdir=$state/upper,workdir=$state/work" "$dir"

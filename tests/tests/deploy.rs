@@ -2,8 +2,9 @@
 //! run systemd: its shell blocks are run verbatim, the unit and the example configuration
 //! are the ones in `deploy/`. Needs root; run with `cargo xtask test`.
 //!
-//! Two things differ from a real install, both said in the guide: the binary is the one
-//! `cargo xtask test` built (the guide's `cargo build --release` line is skipped), and the
+//! gw-a is installed from the Debian package, gw-b from source. Two things differ from a
+//! real install: the package and the binary are the ones `cargo xtask test` built from the
+//! debug build (the guide's `cargo build --release` line is skipped), and the
 //! configuration is the example with this lab's keys, addresses and prefixes filled in, the
 //! step the guide leaves to the reader.
 
@@ -99,11 +100,16 @@ fn wait_for_state(machine: &Machine, sub: &str, timeout: Duration) {
 fn the_deployment_guide_works_under_systemd() {
     let blocks = guide_blocks();
     let prerequisites = block(&blocks, "modules-load.d");
-    let install = block(&blocks, "useradd");
+    let from_package = block(&blocks, "dpkg -i");
+    let from_source = block(&blocks, "useradd");
+    let keys_and_token = block(&blocks, "wsx genkey");
     let enable = block(&blocks, "enable --now");
     let check = block(&blocks, "nft list table inet wsx");
+    let package = std::env::var("WSX_DEB")
+        .expect("WSX_DEB names the Debian package: run this through `cargo xtask test`");
+    let from_package = from_package.replace("wsx_0.1.0-1_amd64.deb", &package);
     let binary = wsx_binary();
-    let install = install
+    let from_source = from_source
         .lines()
         .filter(|l| !l.trim_start().starts_with("cargo build"))
         .collect::<Vec<_>>()
@@ -114,14 +120,48 @@ fn the_deployment_guide_works_under_systemd() {
     let nodes = [Node::GwA, Node::GwB];
     let machines = nodes.map(|node| Machine::boot(&lab, node));
 
-    // Prerequisites and install, then each gateway's public key for the other's [[peer]].
-    let keys = machines.each_ref().map(|m| {
+    // Prerequisites and install (gw-a from the package, gw-b from source), then each
+    // gateway's public key for the other's [[peer]].
+    for (m, install) in machines.iter().zip([&from_package, &from_source]) {
         m.sh_ok(prerequisites);
-        m.sh_ok(&install);
+        m.sh_ok(install);
+        m.sh_ok(keys_and_token);
+    }
+    let keys = machines.each_ref().map(|m| {
         m.sh_ok("wsx pubkey < /etc/wsx/private.key")
             .trim()
             .to_owned()
     });
+    // What the package put in place, and what it did not start.
+    let gw_a = &machines[0];
+    assert_eq!(gw_a.sh_ok("command -v wsx").trim(), "/usr/bin/wsx");
+    assert_eq!(
+        gw_a.sh_ok("stat -c %U:%G:%a /etc/wsx").trim(),
+        "root:wsx:770"
+    );
+    assert_eq!(gw_a.sh("systemctl is-enabled wsx").stdout, b"disabled\n");
+    assert_eq!(gw_a.sh("systemctl is-active wsx").stdout, b"inactive\n");
+    let pages = gw_a.sh_ok("ls /usr/share/man/man1");
+    for page in [
+        "wsx.1.gz",
+        "wsx-run.1.gz",
+        "wsx-check-config.1.gz",
+        "wsx-sessions.1.gz",
+    ] {
+        assert!(pages.lines().any(|l| l == page), "no {page} in:\n{pages}");
+    }
+    let run_page = gw_a.sh_ok("zcat /usr/share/man/man1/wsx-run.1.gz");
+    assert!(run_page.contains("Run the gateway"), "{run_page}");
+    let bash = gw_a.sh_ok("cat /usr/share/bash-completion/completions/wsx");
+    assert!(bash.contains("check-config"), "{bash}");
+    for file in [
+        "/usr/share/zsh/vendor-completions/_wsx",
+        "/usr/share/fish/vendor_completions.d/wsx.fish",
+        "/usr/share/doc/wsx/examples/wsx.toml",
+        "/usr/share/doc/wsx/README.deploy.md",
+    ] {
+        gw_a.sh_ok(&format!("test -s {file}"));
+    }
     for (i, m) in machines.iter().enumerate() {
         let config = configuration(nodes[i], &keys[1 - i]);
         m.sh_input("cat > /etc/wsx/wsx.toml", config.as_bytes());
@@ -179,4 +219,13 @@ fn the_deployment_guide_works_under_systemd() {
     let bytes = transfer(&lab, Node::Client, Node::Server, false, 1, 4 << 20);
     assert_eq!(bytes, 4 << 20);
     gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 5, Duration::from_secs(5));
+
+    // Removing the package stops the service (its rules go, traffic flows on) and keeps
+    // the keys.
+    gw_a.sh_ok("dpkg -r wsx");
+    assert_eq!(gw_a.sh("systemctl is-active wsx").stdout, b"inactive\n");
+    assert_no_rules(&lab, Node::GwA);
+    gw_a.sh_ok("test -s /etc/wsx/private.key && ! test -e /usr/bin/wsx");
+    let bytes = transfer(&lab, Node::Client, Node::Server, false, 1, 1 << 20);
+    assert_eq!(bytes, 1 << 20);
 }

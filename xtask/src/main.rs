@@ -13,9 +13,12 @@
 //! - `emulator-cost`: the WAN emulator's CPU use and highest sustained rate.
 //! - `test`: the whole test suite (unit, simulation, property, and end-to-end in network
 //!   namespaces), installing the Debian packages it needs.
+//! - `deb`: the Debian package (binary, systemd unit, man pages, completions, the example
+//!   configuration and the deployment guide), with cargo-deb.
 
 mod bench;
 mod chart;
+mod deb;
 mod demo;
 mod emulator_cost;
 mod gateway;
@@ -50,6 +53,8 @@ enum Task {
     Test(test::TestArgs),
     /// Measure the WAN emulator's CPU cost and highest sustained rate.
     EmulatorCost(emulator_cost::CostArgs),
+    /// Build the Debian package (target/debian/).
+    Deb(deb::DebArgs),
 }
 
 fn main() {
@@ -62,6 +67,7 @@ fn main() {
         Task::EmulatorCost(args) => {
             lab_task("emulator-cost").and_then(|()| emulator_cost::run(&args))
         }
+        Task::Deb(args) => deb::run(&args),
     };
     if let Err(e) = result {
         // One line that says what went wrong and, where it can, what to do.

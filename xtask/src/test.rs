@@ -2,10 +2,11 @@
 //!
 //! The end-to-end tests build network namespaces, so this needs root; it says so and fails
 //! rather than skipping them. It installs the Debian packages the lab uses when they are
-//! missing, and schemathesis (the property-based API tester, from PyPI, in a virtual
-//! environment under `target/tools`), removes leftovers of killed runs first, and fails if
-//! the run leaks namespaces. Each test binary runs under `timeout`, so a hung test fails
-//! the run with its binary named rather than stalling it.
+//! missing, schemathesis (the property-based API tester, from PyPI, in a virtual
+//! environment under `target/tools`) and cargo-deb (the deployment test installs the
+//! Debian package, `cargo xtask deb`, made from the debug build). It removes leftovers of
+//! killed runs first, and fails if the run leaks namespaces. Each test binary runs under
+//! `timeout`, so a hung test fails the run with its binary named rather than stalling it.
 
 use crate::host;
 use anyhow::{Context, Result, bail};
@@ -44,6 +45,9 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     if !status.success() {
         bail!("cargo build failed");
     }
+    // The deployment test installs the Debian package: made from the debug build just
+    // made, so it costs no second build.
+    let deb = crate::deb::build(true).context("building the Debian package")?;
     // Every test binary runs under `timeout`: one that hangs fails the run in minutes,
     // named in cargo's report, instead of holding it until CI's own limit.
     let runner = format!(
@@ -55,6 +59,7 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
         .args(["--config", &runner])
         .args(&args.cargo_args)
         .env("WSX_SCHEMATHESIS", &schemathesis)
+        .env("WSX_DEB", &deb)
         .current_dir(&root)
         .status()?;
     let doc_status = Command::new(&cargo)

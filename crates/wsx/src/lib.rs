@@ -16,9 +16,10 @@
 //! Every command reads the configuration file given by `--config` (default
 //! `/etc/wsx/wsx.toml`).
 //!
-//! The binary is [`main`]; this library target exists for it and, with the `fuzzing`
-//! feature, for the fuzz targets of the configuration file and the API's edits of it (the
-//! `fuzzing` module).
+//! The binary is [`main`]; this library target exists for it, for the packaging task
+//! ([`command`] gives it the command line for man pages and completions) and, with the
+//! `fuzzing` feature, for the fuzz targets of the configuration file and the API's edits
+//! of it (the `fuzzing` module).
 
 mod cli;
 mod config;
@@ -65,6 +66,12 @@ enum Command {
     Completions { shell: clap_complete::Shell },
     #[command(flatten)]
     Api(cli::ApiCommand),
+}
+
+/// The command line's definition: what the Debian package's man pages and shell
+/// completions are made from (`cargo xtask deb`).
+pub fn command() -> clap::Command {
+    Cli::command()
 }
 
 /// The `wsx` command: parses the arguments, runs the command, reports an error on stderr.
