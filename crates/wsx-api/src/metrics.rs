@@ -334,7 +334,7 @@ impl Collector for GatewayCollector {
             }),
             (
                 "wsx_tunnel_packets_lost",
-                "Data packets lost on the path (retransmitted or rebuilt by FEC)",
+                "Data packets declared lost and retransmitted (those the peer rebuilt from parity are in wsx_fec_recovered_by_peer)",
                 |s| s.packets_lost,
             ),
             ("wsx_tunnel_bytes_sent", "UDP payload bytes sent", |s| {

@@ -127,11 +127,12 @@ pub struct Tunnel {
     /// counted in `fec.parity_received`).
     pub packets_received: u64,
     pub bytes_received: u64,
-    /// Data packets the peer never received (retransmitted or rebuilt by FEC): only data
-    /// packets are tracked for loss.
+    /// Data packets declared lost and sent again (only data packets are tracked for loss).
+    /// Those the peer rebuilt from parity in time are acknowledged instead and counted in
+    /// `fec.recovered_by_peer`: the path lost `packets_lost + fec.recovered_by_peer`.
     pub packets_lost: u64,
-    /// `packets_lost / data_packets_sent` (noisy where few data packets are sent: the
-    /// direction that mostly acknowledges).
+    /// `packets_lost / data_packets_sent`: the loss FEC left to retransmission (noisy where
+    /// few data packets are sent: the direction that mostly acknowledges).
     pub loss_ratio: f64,
     /// Datagrams dropped as forged or replayed.
     pub auth_failures: u64,
