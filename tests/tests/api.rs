@@ -1,7 +1,8 @@
 //! The management API and the CLI against real gateways in the lab: live sessions seen and
 //! killed, bypass forced and lifted, metrics moving with the traffic, requests served during
-//! a transfer, a configuration applied, saved and surviving a restart, and a property-based
-//! API tester (schemathesis) finding no server errors. Every transfer is verified by hash.
+//! a transfer, a configuration applied, saved and surviving a restart, a property-based
+//! API tester (schemathesis) finding no server errors, and the dashboard in a real browser.
+//! Every transfer is verified by hash.
 //! Needs root; run with `cargo xtask test`.
 
 // Test code: an unwrap here is an assertion.
@@ -390,4 +391,77 @@ fn a_property_based_api_tester_finds_no_server_errors() {
     // The session may be gone: the stateful phase follows the document's links from the
     // session list to DELETE.
     drop(client);
+}
+
+/// The dashboard in a real browser: headless Chromium, driven through Selenium by
+/// `tests/dashboard.py` from inside gw-a's namespace, while a transfer runs and a session
+/// is held. A wrong token is refused; the right one shows gw-b up and the tunnel's rate
+/// changing; the held session is killed from the table (its server sees the reset); the
+/// page fits a phone. Screenshots land in `target/dashboard.png` and
+/// `target/dashboard-phone.png`.
+#[test]
+fn the_dashboard_shows_the_pair_live_in_a_browser_and_kills_a_session() {
+    let python = std::env::var_os("WSX_SELENIUM_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "set WSX_SELENIUM_PYTHON to a Python with Selenium (cargo xtask test installs one)"
+            )
+        });
+    let (lab, dir) = lab();
+    let (_gw_a, _gw_b) = gateways(&lab, &dir);
+    let (mut client, _read, server) = held_session(&lab);
+    client.write_all(b"hello").unwrap();
+    let kill_client = client.local_addr().unwrap().to_string();
+    // Traffic for the charts while the browser looks: ~25 s at up to 100 Mbit/s.
+    let traffic = {
+        let lab_name = lab.netns(Node::Client);
+        let (listener, target) = listen(&lab, Node::Server, addr::server(false));
+        std::thread::spawn(move || {
+            let sink = std::thread::spawn(move || {
+                wsx_lab::traffic::sink(
+                    &listener,
+                    wsx_lab::traffic::SinkOptions {
+                        flows: 2,
+                        idle_timeout: Duration::from_secs(30),
+                    },
+                )
+            });
+            let options = wsx_lab::traffic::SendOptions {
+                to: target,
+                flows: 2,
+                bytes: None,
+                seconds: 25.0,
+                congestion: None,
+                payload: wsx_lab::traffic::PayloadKind::Random,
+                seed: 3,
+                receipt_timeout: Duration::from_secs(60),
+                rate_bps: None,
+            };
+            let sent = wsx_lab::netns::run_in(&lab_name, move || wsx_lab::traffic::send(&options))
+                .unwrap()
+                .unwrap();
+            let received = sink.join().unwrap().unwrap();
+            sent.verified() && received.verified()
+        })
+    };
+    let screenshot = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/dashboard.png");
+    let out = lab
+        .command(Node::GwA, &python)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/dashboard.py"))
+        .args(["--url", &format!("http://{API}/")])
+        .args(["--token", TOKEN, "--kill-client", &kill_client])
+        .args(["--screenshot", screenshot])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the browser test failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The kill reached the server's end of the held session.
+    assert_eq!(server.join().unwrap(), ErrorKind::ConnectionReset);
+    assert!(traffic.join().unwrap(), "the transfer was verified");
 }

@@ -2,11 +2,12 @@
 //!
 //! The end-to-end tests build network namespaces, so this needs root; it says so and fails
 //! rather than skipping them. It installs the Debian packages the lab uses when they are
-//! missing, schemathesis (the property-based API tester, from PyPI, in a virtual
-//! environment under `target/tools`) and cargo-deb (the deployment test installs the
-//! Debian package, `cargo xtask deb`, made from the debug build). It removes leftovers of
-//! killed runs first, and fails if the run leaks namespaces. Each test binary runs under
-//! `timeout`, so a hung test fails the run with its binary named rather than stalling it.
+//! missing, schemathesis (the property-based API tester) and Selenium (the dashboard's
+//! browser test), each from PyPI into a virtual environment under `target/tools`, and
+//! cargo-deb (the deployment test installs the Debian package, `cargo xtask deb`, made
+//! from the debug build). It removes leftovers of killed runs first, and fails if the run
+//! leaks namespaces. Each test binary runs under `timeout`, so a hung test fails the run
+//! with its binary named rather than stalling it.
 
 use crate::host;
 use anyhow::{Context, Result, bail};
@@ -22,6 +23,10 @@ pub(crate) struct TestArgs {
 /// The schemathesis release the API test was written against.
 const SCHEMATHESIS: &str = "schemathesis==4.32.5";
 
+/// The Selenium release the dashboard's browser test (`tests/dashboard.py`) was written
+/// against; it drives Debian's chromium through its chromedriver.
+const SELENIUM: &str = "selenium==4.45.0";
+
 /// The longest one test binary may run. The slowest take about 75 s here; this is a
 /// bound on a hang, not a performance check.
 const BINARY_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
@@ -30,7 +35,8 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     host::require_root("test")?;
     host::ensure(host::LAB)?;
     host::ensure(host::TESTS)?;
-    let schemathesis = install_schemathesis()?;
+    let schemathesis = python_tool(SCHEMATHESIS)?.join("bin/schemathesis");
+    let selenium = python_tool(SELENIUM)?.join("bin/python");
     for ns in wsx_lab::clean(false)? {
         println!("removed leftover namespace {ns}");
     }
@@ -59,6 +65,7 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
         .args(["--config", &runner])
         .args(&args.cargo_args)
         .env("WSX_SCHEMATHESIS", &schemathesis)
+        .env("WSX_SELENIUM_PYTHON", &selenium)
         .env("WSX_DEB", &deb)
         .current_dir(&root)
         .status()?;
@@ -91,20 +98,24 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     Ok(())
 }
 
-/// Installs schemathesis into `target/tools/schemathesis` unless it is there already, and
-/// returns the program's path.
-fn install_schemathesis() -> Result<std::path::PathBuf> {
-    let venv = crate::workspace_root().join("target/tools/schemathesis");
-    let program = venv.join("bin/schemathesis");
-    let version_ok = Command::new(&program)
-        .arg("--version")
+/// Installs the Python package `requirement` (`name==version`) into its own virtual
+/// environment, `target/tools/NAME`, unless that version is there already; returns the
+/// environment's directory.
+fn python_tool(requirement: &str) -> Result<std::path::PathBuf> {
+    let (name, version) = requirement
+        .split_once("==")
+        .context("a pinned requirement")?;
+    let venv = crate::workspace_root().join("target/tools").join(name);
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["show", name])
         .output()
         .is_ok_and(|o| {
-            let version = SCHEMATHESIS.trim_start_matches("schemathesis==");
-            String::from_utf8_lossy(&o.stdout).contains(version)
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l == format!("Version: {version}"))
         });
-    if version_ok {
-        return Ok(program);
+    if installed {
+        return Ok(venv);
     }
     // Debian's python3 needs python3-venv for `-m venv` (ensurepip).
     let has_venv = Command::new("python3")
@@ -114,7 +125,7 @@ fn install_schemathesis() -> Result<std::path::PathBuf> {
     if !has_venv {
         host::install_packages(&["python3-venv"])?;
     }
-    println!("installing {SCHEMATHESIS} into {}", venv.display());
+    println!("installing {requirement} into {}", venv.display());
     let status = Command::new("python3")
         .args(["-m", "venv", "--clear"])
         .arg(&venv)
@@ -128,12 +139,12 @@ fn install_schemathesis() -> Result<std::path::PathBuf> {
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            SCHEMATHESIS,
+            requirement,
         ])
         .status()
         .context("running pip")?;
     if !status.success() {
-        bail!("pip install {SCHEMATHESIS} failed");
+        bail!("pip install {requirement} failed");
     }
-    Ok(program)
+    Ok(venv)
 }

@@ -1,5 +1,5 @@
 //! The wsx management plane: the REST API under `/api/v1`, its OpenAPI document, bearer
-//! token authentication, and the Prometheus metrics at `/metrics`.
+//! token authentication, the Prometheus metrics at `/metrics` and a live dashboard.
 //!
 //! # Architecture
 //!
@@ -13,6 +13,8 @@
 //!   generated from them and served at `/api/v1/openapi.json`.
 //! - `auth`: `Authorization: Bearer <token>` against the configured tokens, compared in
 //!   constant time; every route but `/api/v1/health` requires it.
+//! - `dashboard`: a live page for operators at `/dashboard/` (`/` leads there), built into
+//!   the binary; it reads the API with the token typed into it.
 //! - [`metrics`]: a Prometheus collector (prometheus-client) that reads the gateway on each
 //!   scrape, so the data path keeps its plain counters and pays nothing for metrics.
 //! - [`ApiServer`]: binds the address (TLS with rustls when configured), bounds every
@@ -21,6 +23,7 @@
 //! Errors are JSON with a stable [`ErrorCode`] (see [`error`]).
 
 mod auth;
+mod dashboard;
 pub mod error;
 pub mod metrics;
 pub mod model;

@@ -136,6 +136,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         ));
     let (public, _) = public().split_for_parts();
     public
+        .merge(crate::dashboard::routes())
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -563,3 +563,70 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     assert_eq!(status, 200);
     api.server.shutdown(Duration::from_secs(1)).await;
 }
+
+/// The dashboard is served without a token (it holds no data), from this origin only
+/// (its policy allows nothing else), and `/` leads to it; every file the page names is
+/// served with its type.
+#[tokio::test]
+async fn the_dashboard_is_served_without_a_token_and_from_this_origin_only() {
+    let api = start(|_| {}).await;
+    let base = api.base.clone();
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into();
+        let get = |path: &str| agent.get(format!("{base}{path}")).call().unwrap();
+        for path in ["/", "/dashboard"] {
+            let response = get(path);
+            assert_eq!(response.status().as_u16(), 308, "{path}");
+            assert_eq!(response.headers()["location"], "/dashboard/", "{path}");
+        }
+        let mut page = get("/dashboard/");
+        assert_eq!(page.status().as_u16(), 200);
+        let headers = page.headers().clone();
+        assert!(
+            headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        let policy = headers["content-security-policy"].to_str().unwrap();
+        for rule in [
+            "default-src 'none'",
+            "script-src 'self'",
+            "connect-src 'self'",
+        ] {
+            assert!(policy.contains(rule), "{policy}");
+        }
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+        let html = page.body_mut().read_to_string().unwrap();
+        let named: Vec<&str> = html
+            .split(['"', '\''])
+            .filter(|s| s.starts_with("/dashboard/") && s.len() > "/dashboard/".len())
+            .collect();
+        assert_eq!(named, ["/dashboard/app.css", "/dashboard/app.js"], "{html}");
+        for (path, kind) in [
+            ("/dashboard/app.css", "text/css"),
+            ("/dashboard/app.js", "text/javascript"),
+        ] {
+            let mut response = get(path);
+            assert_eq!(response.status().as_u16(), 200, "{path}");
+            let content_type = response.headers()["content-type"].to_str().unwrap();
+            assert!(content_type.starts_with(kind), "{path}: {content_type}");
+            assert!(!response.body_mut().read_to_string().unwrap().is_empty());
+        }
+        // The script reads the API with a header, never with the token in a URL.
+        let script = get("/dashboard/app.js")
+            .body_mut()
+            .read_to_string()
+            .unwrap();
+        assert!(script.contains("Authorization: 'Bearer ' + token"));
+        assert!(!script.contains("?token") && !script.contains("&token"));
+    })
+    .await
+    .unwrap();
+    api.server.shutdown(Duration::from_secs(1)).await;
+}
