@@ -2,9 +2,10 @@
 //! run systemd: its shell blocks are run verbatim, the unit and the example configuration
 //! are the ones in `deploy/`. Needs root; run with `cargo xtask test`.
 //!
-//! gw-a is installed from the Debian package, gw-b from source. Two things differ from a
-//! real install: the package and the binary are the ones `cargo xtask test` built from the
-//! debug build (the guide's `cargo build --release` line is skipped), and the
+//! Both gateways are installed from the Debian package; at the end gw-a's is removed and
+//! gw-a installed again from source. Two things differ from a real install: the package
+//! and the binary are the ones `cargo xtask test` built from the debug build (the guide's
+//! `cargo build --release` line is skipped), and the
 //! configuration is the example with this lab's keys, addresses and prefixes filled in, the
 //! step the guide leaves to the reader.
 
@@ -120,11 +121,11 @@ fn the_deployment_guide_works_under_systemd() {
     let nodes = [Node::GwA, Node::GwB];
     let machines = nodes.map(|node| Machine::boot(&lab, node));
 
-    // Prerequisites and install (gw-a from the package, gw-b from source), then each
-    // gateway's public key for the other's [[peer]].
-    for (m, install) in machines.iter().zip([&from_package, &from_source]) {
+    // Prerequisites, the package, the keys and the token; then each gateway's public key
+    // for the other's [[peer]].
+    for m in &machines {
         m.sh_ok(prerequisites);
-        m.sh_ok(install);
+        m.sh_ok(&from_package);
         m.sh_ok(keys_and_token);
     }
     let keys = machines.each_ref().map(|m| {
@@ -228,4 +229,14 @@ fn the_deployment_guide_works_under_systemd() {
     gw_a.sh_ok("test -s /etc/wsx/private.key && ! test -e /usr/bin/wsx");
     let bytes = transfer(&lab, Node::Client, Node::Server, false, 1, 1 << 20);
     assert_eq!(bytes, 1 << 20);
+
+    // The guide's other install, from source, on the same gateway: its keys and
+    // configuration are still there.
+    gw_a.sh_ok(&from_source);
+    gw_a.sh_ok(enable);
+    assert_eq!(gw_a.sh_ok("command -v wsx").trim(), "/usr/local/bin/wsx");
+    gw_a.wait_for_journal("wsx", "tunnel in service", 4, Duration::from_secs(20));
+    let bytes = transfer(&lab, Node::Client, Node::Server, false, 1, 4 << 20);
+    assert_eq!(bytes, 4 << 20);
+    gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 6, Duration::from_secs(5));
 }
