@@ -279,14 +279,31 @@ pub(crate) struct GatewayFigures {
     pub(crate) unrecoverable_groups: u64,
     /// Parity packets per data packet.
     pub(crate) fec_overhead: f64,
+    /// The path's loss each gateway read (gw-a's sending direction, then gw-b's, which
+    /// mostly acknowledges), percent of the packets tracked for loss: to set beside the
+    /// emulator's own drops.
+    #[serde(default)]
+    pub(crate) loss_read_pct: [f64; 2],
+    /// What gw-b, in the direction that mostly acknowledges, sent: data packets, ACK-only
+    /// packets and parity.
+    #[serde(default)]
+    pub(crate) reverse_packets: ReversePackets,
     /// Stream bytes per session byte gw-a sent (below 1: compression gained).
     pub(crate) wire_per_plain: f64,
     /// CPU seconds per GB of verified payload, each gateway.
     pub(crate) cpu_s_per_gb: [f64; 2],
 }
 
+/// See [`GatewayFigures::reverse_packets`].
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct ReversePackets {
+    pub(crate) data: u64,
+    pub(crate) ack_only: u64,
+    pub(crate) parity: u64,
+}
+
 impl GatewayFigures {
-    fn new(settings: Settings, a: &Totals, cpu_s: [f64; 2], bytes: u64) -> Self {
+    fn new(settings: Settings, [a, b]: [&Totals; 2], cpu_s: [f64; 2], bytes: u64) -> Self {
         let per = |x: u64, y: u64| if y == 0 { 0.0 } else { x as f64 / y as f64 };
         let gb = bytes as f64 / 1e9;
         let per_gb = |s: f64| if gb > 0.0 { s / gb } else { 0.0 };
@@ -298,6 +315,18 @@ impl GatewayFigures {
             recovered: a.fec_recovered_by_peer,
             unrecoverable_groups: a.fec_unrecoverable_groups,
             fec_overhead: per(a.fec_parity_sent, a.data_packets_sent),
+            loss_read_pct: [a, b].map(|t| {
+                100.0
+                    * per(
+                        t.packets_lost + t.fec_recovered_by_peer,
+                        t.data_packets_sent + t.ack_only_packets_sent,
+                    )
+            }),
+            reverse_packets: ReversePackets {
+                data: b.data_packets_sent,
+                ack_only: b.ack_only_packets_sent,
+                parity: b.fec_parity_sent,
+            },
             wire_per_plain: per(a.wire_sent, a.plain_sent),
             cpu_s_per_gb: cpu_s.map(per_gb),
         }
@@ -737,9 +766,12 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         None => (driver_cpu(&sent.tunnel), driver_cpu(&received.tunnel)),
     };
     let gateways = match (&gateway_usage, gw_a, gw_b) {
-        (Some([(_, totals), _]), Some(a), Some(b)) => {
-            Some(GatewayFigures::new(case.gateways, totals, [a, b], bytes))
-        }
+        (Some([(_, totals_a), (_, totals_b)]), Some(a), Some(b)) => Some(GatewayFigures::new(
+            case.gateways,
+            [totals_a, totals_b],
+            [a, b],
+            bytes,
+        )),
         _ => None,
     };
     let tunnel = match (&sent.tunnel, &received.tunnel) {
@@ -1055,12 +1087,17 @@ impl Record {
                 _ => String::new(),
             },
             self.gateways.as_ref().map_or(String::new(), |g| format!(
-                ", fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}",
+                ", fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}, loss read {:.2}/{:.2} %, gw-b sent {} data {} ack-only {} parity",
                 g.fec.as_str(),
                 g.fec_overhead * 100.0,
                 g.recovered,
                 g.retransmitted,
-                g.wire_per_plain
+                g.wire_per_plain,
+                g.loss_read_pct[0],
+                g.loss_read_pct[1],
+                g.reverse_packets.data,
+                g.reverse_packets.ack_only,
+                g.reverse_packets.parity,
             )),
             self.tunnel.as_ref().map_or(String::new(), |t| format!(
                 ", tunnel cpu {:.2}/{:.2} s/GB, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}, rtt min/smoothed {:.1}/{:.1} ms, bottleneck estimate {:.1} Mbit/s, {} congestion events",

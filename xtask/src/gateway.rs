@@ -66,9 +66,12 @@ const API_TOKEN: &str = "wsx-bench-api-token-0123456789";
 /// tunnel) and of compression since the start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Totals {
-    /// Tunnel packets that carried data, control messages or PINGs (not ACK-only ones).
+    /// Tunnel packets that carried data, control messages or PINGs, and those that carried
+    /// only ACKs: together, the packets tracked for loss.
     pub(crate) data_packets_sent: u64,
-    /// Packets declared lost (and sent again, or rebuilt by the peer from parity).
+    pub(crate) ack_only_packets_sent: u64,
+    /// Tracked packets declared lost and sent again (those the peer rebuilt from parity
+    /// are `fec_recovered_by_peer`).
     pub(crate) packets_lost: u64,
     pub(crate) fec_parity_sent: u64,
     /// Losses the peer rebuilt from parity.
@@ -95,6 +98,7 @@ impl Totals {
                 bail!("peer {:?} has no tunnel in service", peer.name);
             };
             totals.data_packets_sent += t.data_packets_sent;
+            totals.ack_only_packets_sent += t.ack_only_packets_sent;
             totals.packets_lost += t.packets_lost;
             totals.fec_parity_sent += t.fec.parity_sent;
             totals.fec_recovered_by_peer += t.fec.recovered_by_peer;
@@ -118,6 +122,7 @@ struct ApiPeer {
 #[derive(Debug, Deserialize)]
 struct ApiTunnel {
     data_packets_sent: u64,
+    ack_only_packets_sent: u64,
     packets_lost: u64,
     fec: ApiFec,
 }
@@ -435,8 +440,10 @@ mod tests {
        "tunnel": {"remote": "10.71.2.2:4500", "rtt_seconds": 0.1, "min_rtt_seconds": 0.1,
                   "congestion_phase": "optimal", "pacing_rate_bps": 100000000,
                   "bottleneck_rate_bps": 99000000, "packets_sent": 1200,
-                  "data_packets_sent": 1000, "bytes_sent": 1400000, "packets_received": 300,
-                  "bytes_received": 20000, "packets_lost": 10, "loss_ratio": 0.01,
+                  "data_packets_sent": 1000, "ack_only_packets_sent": 159,
+                  "bytes_sent": 1400000, "packets_received": 300,
+                  "bytes_received": 20000, "packets_lost": 10, "loss_ratio": 0.0155,
+                  "unrepaired_loss_ratio": 0.0086,
                   "auth_failures": 0, "replays": 0,
                   "fec": {"blocks": 5, "packets_protected": 900, "parity_sent": 40,
                           "parity_bytes_sent": 56000, "overhead": 0.04,
@@ -450,9 +457,10 @@ mod tests {
        "bypass_forced": false, "tunnels": 1,
        "tunnel": {"remote": "10.71.2.3:4500", "rtt_seconds": 0.1, "min_rtt_seconds": 0.1,
                   "congestion_phase": null, "pacing_rate_bps": 0, "bottleneck_rate_bps": 0,
-                  "packets_sent": 7, "data_packets_sent": 5, "bytes_sent": 700,
-                  "packets_received": 7, "bytes_received": 700, "packets_lost": 1,
-                  "loss_ratio": 0.2, "auth_failures": 0, "replays": 0,
+                  "packets_sent": 7, "data_packets_sent": 5, "ack_only_packets_sent": 1,
+                  "bytes_sent": 700, "packets_received": 7, "bytes_received": 700,
+                  "packets_lost": 1, "loss_ratio": 0.167, "unrepaired_loss_ratio": 0.167,
+                  "auth_failures": 0, "replays": 0,
                   "fec": {"blocks": 0, "packets_protected": 0, "parity_sent": 0,
                           "parity_bytes_sent": 0, "overhead": 0.0, "recovered_by_peer": 0,
                           "parity_received": 0, "recovered": 0, "unrecoverable_groups": 0,
@@ -470,6 +478,7 @@ mod tests {
             totals,
             Totals {
                 data_packets_sent: 1005,
+                ack_only_packets_sent: 160,
                 packets_lost: 11,
                 fec_parity_sent: 40,
                 fec_recovered_by_peer: 8,

@@ -24,7 +24,8 @@
 //! | `wsx_peer_tunnels` | `peer` | established tunnels |
 //! | `wsx_tunnel_rtt_seconds`, `wsx_tunnel_min_rtt_seconds` | `peer` | |
 //! | `wsx_tunnel_pacing_rate_bytes_per_second`, `wsx_tunnel_bottleneck_rate_bytes_per_second` | `peer` | |
-//! | `wsx_tunnel_packets_sent_total`, `_packets_received_total`, `_packets_lost_total` | `peer` | |
+//! | `wsx_tunnel_packets_sent_total`, `_packets_received_total` | `peer` | |
+//! | `wsx_tunnel_packets_tracked_total`, `_packets_lost_total` | `peer` | data and ACK-only packets sent; those of them lost and not rebuilt |
 //! | `wsx_tunnel_bytes_sent_total`, `_bytes_received_total` | `peer` | |
 //! | `wsx_tunnel_auth_failures_total`, `_replays_total` | `peer` | datagrams dropped |
 //! | `wsx_fec_packets_protected_total`, `_parity_sent_total`, `_parity_bytes_sent_total` | `peer` | |
@@ -325,16 +326,21 @@ impl Collector for GatewayCollector {
             "The tunnel's estimate of the path's bottleneck rate",
             congestion(|c| c.bottleneck_rate),
         )?;
-        let tunnel_counters: [(&str, &str, Read); 13] = [
+        let tunnel_counters: [(&str, &str, Read); 14] = [
             ("wsx_tunnel_packets_sent", "Packets sent", |s| {
                 s.packets_sent
             }),
+            (
+                "wsx_tunnel_packets_tracked",
+                "Packets sent with data or only ACKs: the ones tracked for loss",
+                |s| s.packets_tracked(),
+            ),
             ("wsx_tunnel_packets_received", "Packets received", |s| {
                 s.packets_received
             }),
             (
                 "wsx_tunnel_packets_lost",
-                "Data packets declared lost and retransmitted (those the peer rebuilt from parity are in wsx_fec_recovered_by_peer)",
+                "Tracked packets declared lost, their data sent again (those the peer rebuilt from parity are in wsx_fec_recovered_by_peer; the path's loss is both over wsx_tunnel_packets_tracked)",
                 |s| s.packets_lost,
             ),
             ("wsx_tunnel_bytes_sent", "UDP payload bytes sent", |s| {

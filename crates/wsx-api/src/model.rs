@@ -119,21 +119,28 @@ pub struct Tunnel {
     pub pacing_rate_bps: u64,
     pub bottleneck_rate_bps: u64,
     pub packets_sent: u64,
-    /// Packets that carried stream data, control messages or PINGs (the others carried only
-    /// ACKs): the denominator of `loss_ratio` and of the FEC overhead.
+    /// Packets that carried stream data, control messages or PINGs: the denominator of the
+    /// FEC overhead.
     pub data_packets_sent: u64,
+    /// Packets that carried only ACKs. Data and ACK-only packets are the ones tracked for
+    /// loss (parity packets and the handshake are not).
+    pub ack_only_packets_sent: u64,
     pub bytes_sent: u64,
     /// Packets received, including those rebuilt from the peer's parity (parity packets are
     /// counted in `fec.parity_received`).
     pub packets_received: u64,
     pub bytes_received: u64,
-    /// Data packets declared lost and sent again (only data packets are tracked for loss).
-    /// Those the peer rebuilt from parity in time are acknowledged instead and counted in
+    /// Tracked packets declared lost; the data in them was sent again. Those the peer
+    /// rebuilt from parity in time are acknowledged instead and counted in
     /// `fec.recovered_by_peer`: the path lost `packets_lost + fec.recovered_by_peer`.
     pub packets_lost: u64,
-    /// `packets_lost / data_packets_sent`: the loss FEC left to retransmission (noisy where
-    /// few data packets are sent: the direction that mostly acknowledges).
+    /// The share of tracked packets the path lost, before FEC repair:
+    /// `(packets_lost + fec.recovered_by_peer) / (data_packets_sent + ack_only_packets_sent)`.
+    /// Comparable with a link's own loss count, in both directions.
     pub loss_ratio: f64,
+    /// The share of tracked packets lost and not rebuilt by the peer:
+    /// `packets_lost / (data_packets_sent + ack_only_packets_sent)`.
+    pub unrepaired_loss_ratio: f64,
     /// Datagrams dropped as forged or replayed.
     pub auth_failures: u64,
     pub replays: u64,
@@ -324,11 +331,13 @@ impl Tunnel {
             bottleneck_rate_bps: congestion.map_or(0, |c| c.bottleneck_rate.saturating_mul(8)),
             packets_sent: s.packets_sent,
             data_packets_sent: s.eliciting_sent,
+            ack_only_packets_sent: s.ack_only_sent,
             bytes_sent: s.bytes_sent,
             packets_received: s.packets_received,
             bytes_received: s.bytes_received,
             packets_lost: s.packets_lost,
-            loss_ratio: ratio(s.packets_lost, s.eliciting_sent),
+            loss_ratio: s.loss_ratio(),
+            unrepaired_loss_ratio: s.unrepaired_loss_ratio(),
             auth_failures: s.auth_failures,
             replays: s.replays,
             fec: Fec::new(&s.fec, s.eliciting_sent),

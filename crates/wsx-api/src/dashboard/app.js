@@ -111,16 +111,19 @@ function record(peers) {
   if (previous) {
     const dt = at - previous.at;
     const grew = (a, b) => (b >= a ? b - a : b);
-    let sent = 0, received = 0, lost = 0, dataSent = 0, repaired = 0, plain = 0, wire = 0;
+    let sent = 0, received = 0, lost = 0, tracked = 0, repaired = 0, plain = 0, wire = 0;
     for (const [name, t] of now.tunnels) {
       const before = previous.tunnels.get(name) ?? { bytes_sent: 0, bytes_received: 0,
-        packets_lost: 0, data_packets_sent: 0, fec: { recovered: 0, recovered_by_peer: 0 } };
+        packets_lost: 0, data_packets_sent: 0, ack_only_packets_sent: 0,
+        fec: { recovered: 0, recovered_by_peer: 0 } };
       sent += grew(before.bytes_sent, t.bytes_sent);
       received += grew(before.bytes_received, t.bytes_received);
       // The path's loss: what was resent and what the peer rebuilt from parity.
       lost += grew(before.packets_lost, t.packets_lost)
         + grew(before.fec.recovered_by_peer, t.fec.recovered_by_peer);
-      dataSent += grew(before.data_packets_sent, t.data_packets_sent);
+      // Over the packets tracked for loss: data and ACK-only alike.
+      tracked += grew(before.data_packets_sent, t.data_packets_sent)
+        + grew(before.ack_only_packets_sent, t.ack_only_packets_sent);
       // Repairs both ways: the peer's of our packets, and ours of its.
       repaired += grew(before.fec.recovered, t.fec.recovered)
         + grew(before.fec.recovered_by_peer, t.fec.recovered_by_peer);
@@ -134,7 +137,7 @@ function record(peers) {
     push('sent', at, (sent * 8) / dt);
     push('received', at, (received * 8) / dt);
     push('rtt', at, rtts.length ? Math.max(...rtts) : null);
-    push('loss', at, dataSent > 0 ? (100 * lost) / dataSent : null);
+    push('loss', at, tracked > 0 ? (100 * lost) / tracked : null);
     push('fec', at, repaired / dt);
     push('ratio', at, wire > 0 ? plain / wire : null);
   }
@@ -199,9 +202,8 @@ function renderGateway(status) {
 
 // The path's loss since the tunnel started, and in brackets what FEC left to resend.
 function pathLoss(t) {
-  if (t.data_packets_sent === 0) return '–';
-  const path = (100 * (t.packets_lost + t.fec.recovered_by_peer)) / t.data_packets_sent;
-  return `${percent(path)} (${percent(100 * t.loss_ratio)})`;
+  if (t.data_packets_sent + t.ack_only_packets_sent === 0) return '–';
+  return `${percent(100 * t.loss_ratio)} (${percent(100 * t.unrepaired_loss_ratio)})`;
 }
 
 function renderPeers(peers) {

@@ -306,9 +306,10 @@ async fn await_replacement(peer: &Peer, cancel: &CancellationToken) {
 /// What a tunnel carried in its life, logged for operators when it leaves service:
 /// packets, losses and FEC (the API shows the same counters while it is in service).
 fn log_tunnel_totals(tunnel: &Tunnel) {
-    // Sent: every packet and byte, then by kind (data packets are the ones tracked for
-    // loss; a direction that carries mostly acknowledgments has few). Received: what this
-    // side rebuilt of the peer's packets, and the groups it could not.
+    // Sent: every packet and byte, then by kind (data and ACK-only packets are the ones
+    // tracked for loss), what was lost and what the peer rebuilt, and the path's loss over
+    // the tracked packets. Received: what this side rebuilt of the peer's packets, and the
+    // groups it could not.
     let t = tunnel.stats();
     info!(
         packets_sent = t.packets_sent,
@@ -316,8 +317,9 @@ fn log_tunnel_totals(tunnel: &Tunnel) {
         data_packets_sent = t.eliciting_sent,
         ack_only_sent = t.ack_only_sent,
         fec_parity_sent = t.fec.parity_sent,
-        data_packets_lost = t.packets_lost,
+        packets_lost = t.packets_lost,
         fec_recovered_by_peer = t.fec.recovered_by_peer,
+        loss_ratio = t.loss_ratio(),
         packets_received = t.packets_received,
         fec_recovered_here = t.fec.recovered,
         fec_unrecoverable_groups_received = t.fec.unrecoverable_groups,

@@ -20,7 +20,10 @@ pub struct ConnectionStats {
     /// packets themselves are `fec.parity_received`; the handshake is the endpoint's).
     pub packets_received: u64,
     pub bytes_received: u64,
-    /// Ack-eliciting packets declared lost (only they are tracked), and their bytes.
+    /// Packets declared lost, data and ACK-only alike (both are tracked; parity packets and
+    /// the handshake are not), and their bytes. The data in them is sent again. Packets the
+    /// peer rebuilt from parity are acknowledged instead, and counted in
+    /// `fec.recovered_by_peer`.
     pub packets_lost: u64,
     pub bytes_lost: u64,
     pub stream_bytes_sent: u64,
@@ -40,4 +43,35 @@ pub struct ConnectionStats {
     pub send_budget: u64,
     /// Bytes received on all streams and not yet read by the application (holes included).
     pub receive_buffered: u64,
+}
+
+impl ConnectionStats {
+    /// Packets tracked for loss: those that carried data and those that carried only an ACK.
+    pub fn packets_tracked(&self) -> u64 {
+        self.eliciting_sent + self.ack_only_sent
+    }
+
+    /// The share of tracked packets the path lost, before FEC repair: what a link's own
+    /// count would show. Both directions of a tunnel read true, the one that mostly
+    /// acknowledges too, since its ACK-only packets count on both sides of the ratio.
+    pub fn loss_ratio(&self) -> f64 {
+        share(
+            self.packets_lost + self.fec.recovered_by_peer,
+            self.packets_tracked(),
+        )
+    }
+
+    /// The share of tracked packets lost and not rebuilt by the peer: what loss cost in
+    /// retransmissions.
+    pub fn unrepaired_loss_ratio(&self) -> f64 {
+        share(self.packets_lost, self.packets_tracked())
+    }
+}
+
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
 }
