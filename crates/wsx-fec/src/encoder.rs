@@ -26,7 +26,7 @@ pub struct Encoder {
 pub struct EncoderStats {
     /// Blocks coded.
     pub blocks: u64,
-    /// Groups coded (blocks times their groups with members).
+    /// Groups coded (the groups of the blocks that had members and were given parity).
     pub groups: u64,
     /// Packets protected.
     pub packets: u64,
@@ -116,7 +116,8 @@ impl Encoder {
     }
 
     /// Codes the open block and queues its parity: `parity(members)` shards for each group
-    /// (at most `m`; missing members count as zero shards). Returns the block.
+    /// (at most `m`; missing members count as zero shards; a group given none is not
+    /// coded). Returns the block.
     pub fn close(&mut self, mut parity: impl FnMut(usize) -> u8) -> Option<Block> {
         let block = self.open.take()?;
         if block.count == 0 {
@@ -128,12 +129,16 @@ impl Encoder {
             if members == 0 {
                 continue;
             }
+            let send = parity(members).min(block.shape.m);
+            if send == 0 {
+                // Nothing to send: not worth coding (the next `open` resets the codec).
+                continue;
+            }
             let codec = &mut self.codecs.0[usize::from(g)];
             for _ in members..usize::from(block.shape.k) {
                 let added = codec.add_original_shard(&self.zero);
                 debug_assert!(added.is_ok(), "{added:?}");
             }
-            let send = parity(members).min(block.shape.m);
             let Ok(result) = codec.encode() else {
                 debug_assert!(false, "encoding a complete group failed");
                 continue;

@@ -119,6 +119,40 @@ pub fn parity_for(members: usize, shape: Shape, stats: LossStats, policy: &Polic
         .unwrap_or(shape.m)
 }
 
+/// What a sender may spend on parity over the blocks it closes, so that parity never
+/// exceeds [`Policy::max_overhead`] of the data packets protected, short blocks included.
+///
+/// A short group (a trickle of packets flushed before it filled a block) wants parity for
+/// its few members ([`parity_for`]): one parity packet for a group of one is as much again.
+/// Without a bound, a direction that sends a data packet now and then (the one that mostly
+/// acknowledges) spent about a parity packet on each. Here each data packet of a closed
+/// block earns `max_overhead` of a parity packet ([`ParityBudget::earn`]), and its groups
+/// spend whole ones, up to what each wants ([`ParityBudget::spend`]). Packets that carry
+/// only ACKs join a block when it is open, but earn nothing: losing one costs no
+/// retransmission. A full block of the shape [`shape`] picked affords its parity
+/// (`m ≤ max_overhead · k`); short ones share what they earn. At most one parity packet's
+/// worth is carried from one block to the next, so that what bulk blocks leave unspent does
+/// not pay for a later trickle.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ParityBudget {
+    credit: f64,
+}
+
+impl ParityBudget {
+    /// A block closes with `data_packets` data packets: they earn its parity.
+    pub fn earn(&mut self, data_packets: usize, max_overhead: f64) {
+        self.credit = self.credit.min(1.0) + data_packets as f64 * max_overhead.max(0.0);
+    }
+
+    /// The parity a group of the block that earned last gets when it wants `wanted`.
+    pub fn spend(&mut self, wanted: u8) -> u8 {
+        let affordable = self.credit.floor().min(f64::from(u8::MAX)) as u8;
+        let parity = wanted.min(affordable);
+        self.credit -= f64::from(parity);
+        parity
+    }
+}
+
 /// The expected share of losses a group of `k` packets with `m` parity leaves to
 /// retransmission (see the module docs).
 pub fn unrepaired(k: u8, m: u8, depth: u8, p: f64, b: f64) -> f64 {
@@ -380,6 +414,76 @@ mod tests {
         assert_eq!(parity_for(usize::from(s.k), s, stats, &policy), s.m);
         let one = parity_for(1, s, stats, &policy);
         assert!((1..s.m).contains(&one), "{one} of {s:?}");
+    }
+
+    #[test]
+    fn full_blocks_get_the_parity_their_shape_asks() {
+        let policy = Policy::default();
+        let mut budget = ParityBudget::default();
+        for p in [0.001, 0.01, 0.05, 0.2] {
+            let s = shape(iid(p), &policy).unwrap();
+            for _ in 0..3 {
+                budget.earn(s.packets(), policy.max_overhead);
+                for _ in 0..s.depth {
+                    assert_eq!(budget.spend(s.m), s.m, "{p}: {s:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_trickle_of_single_packets_gets_a_quarter_of_a_parity_each() {
+        let policy = Policy::default();
+        let stats = iid(0.01);
+        let s = shape(stats, &policy).unwrap();
+        let mut budget = ParityBudget::default();
+        let single = |budget: &mut ParityBudget| {
+            budget.earn(1, policy.max_overhead);
+            budget.spend(parity_for(1, s, stats, &policy))
+        };
+        let spent: Vec<u8> = (0..8).map(|_| single(&mut budget)).collect();
+        assert_eq!(spent, [0, 0, 0, 1, 0, 0, 0, 1]);
+        // What a full block left unspent is carried into the trickle as one packet at most.
+        let mut budget = ParityBudget::default();
+        budget.earn(usize::from(s.k), policy.max_overhead);
+        assert_eq!(budget.spend(s.m), s.m);
+        let spent: Vec<u8> = (0..4).map(|_| single(&mut budget)).collect();
+        assert_eq!(spent, [1, 0, 0, 1]);
+        // Blocks of acknowledgements alone earn nothing.
+        let mut budget = ParityBudget::default();
+        for _ in 0..10 {
+            budget.earn(0, policy.max_overhead);
+            assert_eq!(budget.spend(1), 0);
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever blocks close, parity stays within the overhead cap of the data packets
+        /// protected, and no group gets more than it wants.
+        #[test]
+        fn parity_never_exceeds_the_cap(
+            blocks in proptest::collection::vec(
+                (0usize..=512, proptest::collection::vec(0u8..=255, 1..=8)),
+                1..200,
+            ),
+            max_overhead in 0.0f64..=1.0,
+        ) {
+            let mut budget = ParityBudget::default();
+            let (mut data, mut parity) = (0usize, 0u64);
+            for (data_packets, groups) in blocks {
+                budget.earn(data_packets, max_overhead);
+                data += data_packets;
+                for wanted in groups {
+                    let got = budget.spend(wanted);
+                    proptest::prop_assert!(got <= wanted);
+                    parity += u64::from(got);
+                }
+                proptest::prop_assert!(
+                    parity as f64 <= data as f64 * max_overhead + 1e-9,
+                    "{parity} parity for {data} data packets at {max_overhead}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -356,7 +356,7 @@ impl Connection {
         let size = self.seal(now, number, out, payload_len, protected);
         if protected {
             if let Some(fec) = &mut self.recovery.fec {
-                fec.on_sealed(number, &mut out[..size]);
+                fec.on_sealed(number, &mut out[..size], eliciting);
             }
         }
         self.count_sent(now, size);

@@ -153,6 +153,63 @@ fn fec_mode_changes_on_a_running_connection() {
 }
 
 /// Text-like or random bytes, from `seed`.
+/// A trickle both ways (a request, then its answer, one small control message at a time, so
+/// that nearly every packet is a block of its own, flushed before it fills) at 1 % loss with
+/// FEC on: each side's parity stays within the overhead cap of the data packets it sent.
+/// Before the parity budget, a block of one packet got one parity packet: as much again.
+#[test]
+fn a_trickle_spends_no_more_parity_than_the_cap() {
+    const EXCHANGES: u32 = 600;
+    let config = TransportConfig {
+        fec: FecMode::On,
+        ..TransportConfig::default()
+    };
+    let cap = config.fec_max_overhead;
+    let link = LinkConfig::new(RTT, 100).with_loss(0.01);
+    let mut pair =
+        crate::testing::Pair::with_config(crate::test_epoch(), link.clone(), link, 23, config);
+    pair.connect();
+    let (mut asked, mut answered) = (0u32, 0u32);
+    let mut answers = Vec::new();
+    pair.run_until(Duration::from_secs(600), |pair| {
+        if asked == answers.len() as u32 && asked < EXCHANGES {
+            pair.client()
+                .send_control(&asked.to_be_bytes())
+                .expect("room for one message");
+            asked += 1;
+        }
+        for (_, event) in pair.sides[1].events.drain(..).collect::<Vec<_>>() {
+            if let crate::Event::Control(request) = event {
+                pair.server()
+                    .send_control(&request)
+                    .expect("room for one message");
+                answered += 1;
+            }
+        }
+        for (_, event) in pair.sides[0].events.drain(..) {
+            if let crate::Event::Control(answer) = event {
+                answers.push(u32::from_be_bytes(answer.try_into().expect("4 bytes")));
+            }
+        }
+        answers.len() as u32 == EXCHANGES
+    });
+    assert_eq!(answered, EXCHANGES);
+    assert_eq!(answers, (0..EXCHANGES).collect::<Vec<_>>());
+    for side in [pair.client().stats(), pair.server().stats()] {
+        let (data, parity) = (side.eliciting_sent, side.fec.parity_sent);
+        assert!(
+            side.fec.packets_protected >= u64::from(EXCHANGES),
+            "{side:#?}"
+        );
+        assert!(
+            parity as f64 <= cap * data as f64,
+            "{parity} parity for {data} data packets: {side:#?}"
+        );
+        // Still protected: about one block in four gets its parity.
+        assert!(parity as f64 >= cap * data as f64 * 0.5, "{side:#?}");
+    }
+}
+
 fn segment(text: bool, len: usize, seed: u64) -> Vec<u8> {
     let mut rng = fastrand::Rng::with_seed(seed);
     if !text {

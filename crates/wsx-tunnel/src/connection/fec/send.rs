@@ -6,7 +6,7 @@ use crate::wire::header::DATA_HEADER_LEN;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use wsx_fec::Encoder;
-use wsx_fec::policy::{self, LossMeter, Policy};
+use wsx_fec::policy::{self, LossMeter, ParityBudget, Policy};
 
 /// A block closes at the latest this long after it opened, so that a trickle of data is
 /// repaired well before a retransmission could be: a quarter of the RTT, within these
@@ -42,6 +42,10 @@ pub(in crate::connection) struct FecSender {
     policy: Policy,
     encoder: Encoder,
     meter: LossMeter,
+    /// Keeps the parity of short (flushed) blocks within the overhead cap, and the data
+    /// packets of the open block, which earn it.
+    budget: ParityBudget,
+    block_data: usize,
     flush_at: Option<Instant>,
     closed: VecDeque<ClosedBlock>,
     /// Parity sent and packets the peer rebuilt; the encoder counts blocks and packets.
@@ -56,6 +60,8 @@ impl FecSender {
             policy: Self::policy(config.fec, config.fec_max_overhead),
             encoder: Encoder::new(shard_bytes(max_datagram)),
             meter: LossMeter::default(),
+            budget: ParityBudget::default(),
+            block_data: 0,
             flush_at: None,
             closed: VecDeque::new(),
             stats: FecStats::default(),
@@ -124,10 +130,12 @@ impl FecSender {
     }
 
     /// A protected packet was sealed: it joins the open block, which is coded once full.
-    pub(in crate::connection) fn on_sealed(&mut self, pn: u64, packet: &mut [u8]) {
+    /// `data`: it carries more than ACKs (it earns parity).
+    pub(in crate::connection) fn on_sealed(&mut self, pn: u64, packet: &mut [u8], data: bool) {
         if self.encoder.open_block().is_none() || packet.len() < DATA_HEADER_LEN {
             return;
         }
+        self.block_data += usize::from(data);
         let encoder = &mut self.encoder;
         if with_shard(packet, |shard| encoder.add(pn, shard)) {
             self.close_block();
@@ -135,24 +143,30 @@ impl FecSender {
     }
 
     /// Codes the open block now (the flush timer, or the connection is about to send
-    /// something that must not wait for parity).
+    /// something that must not wait for parity). A block the budget gives no parity is
+    /// not protected after all: its packets are judged lost by the usual thresholds.
     pub(in crate::connection) fn close_block(&mut self) {
         self.flush_at = None;
         let before = self.encoder.pending_parity();
-        let (stats, policy) = (self.meter.stats(), self.policy);
+        let (stats, policy, budget) = (self.meter.stats(), self.policy, &mut self.budget);
         let Some(shape) = self.encoder.open_block().map(|b| b.shape) else {
             return;
         };
+        budget.earn(std::mem::take(&mut self.block_data), policy.max_overhead);
         let Some(block) = self
             .encoder
-            .close(|members| policy::parity_for(members, shape, stats, &policy))
+            .close(|members| budget.spend(policy::parity_for(members, shape, stats, &policy)))
         else {
             return;
         };
+        let parity_left = self.encoder.pending_parity() - before;
+        if parity_left == 0 {
+            return;
+        }
         self.closed.push_back(ClosedBlock {
             first: block.first,
             end: block.end(),
-            parity_left: self.encoder.pending_parity() - before,
+            parity_left,
             repair: Repair::Pending,
         });
     }
