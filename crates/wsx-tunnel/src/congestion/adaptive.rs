@@ -40,9 +40,14 @@
 //! BBR v1 the controller therefore does yield when the bottleneck shrinks or another flow
 //! arrives, instead of holding a ten-round-old maximum.
 //!
-//! **Warm start.** Given the path hint of an earlier connection to the same peer, the
-//! controller skips Rapid Start and cruises at that rate from the first round; if the path has
-//! changed, the loss classifier corrects it as it would any overestimate.
+//! **Warm start.** Given the path hint of an earlier connection to the same peer (or the
+//! operator's stated rate, which the connection passes as one), the controller skips Rapid
+//! Start and cruises at that rate from the first round; if the path has changed, the loss
+//! classifier corrects it as it would any overestimate.
+//!
+//! **Application-limited samples.** A delivery sample taken while the sender had nothing to
+//! send measures the application: it may raise the estimate, never lower it, and it never
+//! stands for the path when congestion resets the estimate (that backs off to 70 % instead).
 
 use super::loss_pattern::{Cause, LossPattern};
 use super::{
@@ -65,6 +70,10 @@ const CYCLE: [u64; 8] = [1250, 750, 1000, 1000, 1000, 1000, 1000, 1000];
 /// Rapid Start ends after this many rounds without this much growth.
 const FULL_PIPE_ROUNDS: u32 = 3;
 const FULL_PIPE_GROWTH: u64 = 1250;
+/// A congestion verdict while the application limits the sender lowers the estimate to this
+/// share, per mille (BBRv2's multiplicative decrease): its delivery rate measures only what
+/// the application sent.
+const APP_LIMITED_BACKOFF: u64 = 700;
 /// Rounds over which the bottleneck rate is the maximum delivery rate.
 const RATE_WINDOW_ROUNDS: u64 = 10;
 /// The smallest RTT rise taken as a full queue, whatever the minimum RTT: below it, jitter.
@@ -130,8 +139,10 @@ pub struct Adaptive {
     /// Round-trip counting: a round ends when a packet sent after it began is acknowledged.
     round: u64,
     next_round_delivered: u64,
-    /// The most recent delivery-rate sample.
+    /// The most recent delivery-rate sample the application did not limit (0: none yet),
+    /// and whether one it limited came after it.
     latest_rate: u64,
+    app_limited_since: bool,
     /// Whether a sample of the current round was limited by the application rather than the
     /// path: such a round says nothing about whether the pipe is full.
     round_app_limited: bool,
@@ -172,6 +183,7 @@ impl Adaptive {
             round: 0,
             next_round_delivered: 0,
             latest_rate: 0,
+            app_limited_since: false,
             round_app_limited: false,
             full_rate: 0,
             full_rate_rounds: 0,
@@ -343,7 +355,14 @@ impl Controller for Adaptive {
             self.on_round_start();
         }
         if let Some(sample) = ack.rate {
-            self.latest_rate = sample.rate;
+            // A sample the application limited measures the application: it may raise the
+            // estimate, never lower it (nor stand for the path after a congestion verdict).
+            if sample.app_limited {
+                self.app_limited_since = true;
+            } else {
+                self.latest_rate = sample.rate;
+                self.app_limited_since = false;
+            }
             self.round_app_limited |= sample.app_limited;
             if !sample.app_limited || sample.rate >= self.bottleneck.get() {
                 self.bottleneck.update(self.round, sample.rate);
@@ -369,9 +388,14 @@ impl Controller for Adaptive {
                 match self.phase {
                     Phase::RapidStart => self.phase = Phase::Drain,
                     Phase::Drain | Phase::Optimal => {
+                        // What the bottleneck last gave a sender with data to send; if the
+                        // application has held the sender back since, that says nothing
+                        // of the path, and the estimate comes down by a fixed factor.
+                        let estimate = self.bottleneck.get();
                         let rate = match self.latest_rate {
-                            0 => self.bottleneck.get(),
-                            r => r.min(self.bottleneck.get()),
+                            _ if self.app_limited_since => scale(estimate, APP_LIMITED_BACKOFF),
+                            0 => estimate,
+                            r => r.min(estimate),
                         };
                         self.bottleneck.reset(self.round, rate);
                         self.phase = Phase::Optimal;
@@ -496,5 +520,64 @@ mod tests {
         // A shorter path counts at once.
         c.update_min_rtt(start + 40 * second, 30 * MS);
         assert_eq!(c.min_rtt, 30 * MS);
+    }
+
+    /// A controller that knows the path (12.5 MB/s), given one delivery sample at `sampled`
+    /// (`app_limited` or not), then two runs of three lost packets in one round (clustered
+    /// loss: congestion): its bottleneck estimate after the verdict.
+    fn estimate_after_congestion(sampled: u64, app_limited: bool) -> u64 {
+        let start = crate::test_epoch();
+        let rate = 12_500_000;
+        let params = PathParams {
+            max_datagram: 1400,
+            initial_rtt: 100 * MS,
+            peer_ack_delay: 25 * MS,
+            hint: Some(PathHint {
+                rate,
+                min_rtt: 100 * MS,
+            }),
+        };
+        let mut c = Adaptive::new(&AdaptiveConfig::default(), start, &params);
+        let rtt = crate::rtt::RttEstimator::new(100 * MS);
+        let now = start + 100 * MS;
+        let ack = AckEvent {
+            acked_bytes: 1400,
+            acked_packets: 1,
+            in_flight: 0,
+            rtt: &rtt,
+            rtt_sample: Some(100 * MS),
+            rate: Some(super::super::RateSample {
+                rate: sampled,
+                interval: 100 * MS,
+                app_limited,
+            }),
+            prior_delivered: 0,
+            delivered: 1400,
+        };
+        c.on_ack(now, &ack);
+        assert_eq!(c.bottleneck.get(), rate, "a lower sample does not lower it");
+        let lost: Vec<super::super::LostPacket> = [10, 11, 12, 20, 21, 22]
+            .into_iter()
+            .map(|number| super::super::LostPacket {
+                number,
+                bytes: 1400,
+                sent: now,
+            })
+            .collect();
+        let loss = LossEvent {
+            lost: &lost,
+            in_flight: 0,
+            rtt: &rtt,
+        };
+        assert_ne!(c.on_loss(now + MS, &loss), LossVerdict::Random);
+        c.bottleneck.get()
+    }
+
+    #[test]
+    fn congestion_while_the_application_limits_backs_off_by_a_factor() {
+        // The path's own rate, measured: congestion resets the estimate to it.
+        assert_eq!(estimate_after_congestion(10_000_000, false), 10_000_000);
+        // A trickle's rate says nothing of the path: 70 % of the estimate, not 500 kB/s.
+        assert_eq!(estimate_after_congestion(500_000, true), 8_750_000);
     }
 }

@@ -241,11 +241,21 @@ impl Connection {
 
     fn become_established(&mut self, now: Instant) {
         self.state = State::Established;
+        let initial_rtt = self.recovery.rtt().smoothed();
+        // The operator stated the path's rate: start there, as from an earlier connection's
+        // hint, instead of searching for it (a request/response exchange that never fills
+        // the pipe would never find it). An overstatement is corrected as any hint is.
+        let stated = self.config.max_rate.map(|rate| PathHint {
+            rate,
+            min_rtt: self
+                .hint
+                .map_or(initial_rtt, |h| h.min_rtt.min(initial_rtt)),
+        });
         let params = PathParams {
             max_datagram: self.max_datagram() as u64,
-            initial_rtt: self.recovery.rtt().smoothed(),
+            initial_rtt,
             peer_ack_delay: self.recovery.peer_max_ack_delay(),
-            hint: self.hint,
+            hint: stated.or(self.hint),
         };
         self.recovery.start(now, &self.config.congestion, params);
         self.events.push_back(Event::Connected);

@@ -205,6 +205,97 @@ fn a_warm_start_reaches_90_percent_within_three_round_trips() {
     );
 }
 
+/// Answers of 64 KiB, one at a time, from side 1 (the far gateway answering a client that
+/// keeps one request outstanding): how long each took from the first byte written to the
+/// last byte's arrival, each started half an RTT (the request's way) after the last one
+/// arrived. (Measured at the step that delivers the last byte: `completed_at` is when the
+/// harness next looks, after the clock has moved on to the next event.)
+fn answers(pair: &mut Pair, count: usize) -> Vec<Duration> {
+    let mut transfers = Transfers::new(1);
+    let mut took = Vec::new();
+    for _ in 0..count {
+        let asked = pair.now + RTT / 2;
+        pair.run_until(RTT, |p| {
+            transfers.pump(p);
+            p.now >= asked
+        });
+        let start = pair.now;
+        let id = transfers.start(pair, 64 * 1024);
+        let arrived = loop {
+            let at = pair.now;
+            assert!(pair.step(), "the simulation went idle");
+            transfers.pump(pair);
+            if transfers.by_id[&id].complete {
+                break at;
+            }
+            assert!(at - start < Duration::from_secs(10), "no answer in 10 s");
+        };
+        took.push(arrived - start);
+    }
+    transfers.verify();
+    took
+}
+
+/// The longest of `took`, as a share of the RTT, counting the request's half: what one
+/// exchange of a client with one request outstanding costs.
+fn worst_exchange(took: &[Duration]) -> f64 {
+    let worst = took.iter().max().copied().unwrap_or_default();
+    (worst + RTT / 2).as_secs_f64() / RTT.as_secs_f64()
+}
+
+/// With the path's rate configured (`max_rate`), a tunnel that only ever carries
+/// request/response exchanges sends each 64 KiB answer at that rate from the first: an
+/// exchange costs at most 1.05 RTT on a 500 Mbit/s path. Without it, the controller never
+/// learns the path from answers that do not fill it (each delivery sample measures only the
+/// application), and paces every answer at its initial rate: about 1.5 RTT per exchange.
+#[test]
+fn with_the_rate_configured_each_answer_leaves_at_once() {
+    let link = LinkConfig::new(RTT, 500);
+    let configured = TransportConfig {
+        max_rate: link.rate,
+        ..crate::testing::transport_config()
+    };
+    let mut pair = pair_with(link.clone(), 33, configured);
+    let took = answers(&mut pair, 30);
+    let worst = worst_exchange(&took);
+    assert!(worst <= 1.05, "worst exchange {worst:.3} RTT: {took:?}");
+
+    let mut pair = pair_with(link, 33, crate::testing::transport_config());
+    let took = answers(&mut pair, 30);
+    let worst = worst_exchange(&took);
+    assert!(
+        worst > 1.3,
+        "unconfigured: worst exchange {worst:.3} RTT: {took:?}"
+    );
+}
+
+/// A tunnel that learned the path from bulk data keeps what it learned through a long run
+/// of request/response exchanges at 1 % loss: samples taken while the application held the
+/// sender back never lower the estimate, so every answer leaves at the path's rate.
+#[test]
+fn answers_after_bulk_keep_the_learned_rate() {
+    let link = LinkConfig::new(RTT, 100).with_loss(0.01);
+    let mut pair = pair_with(link, 34, crate::testing::transport_config());
+    let mut bulk = Transfers::new(1);
+    bulk.start(&mut pair, 40_000_000);
+    bulk.run(&mut pair, Duration::from_secs(30));
+    bulk.verify();
+    let learned = pair.server().stats().congestion.expect("adaptive");
+    assert!(learned.bottleneck_rate > RATE * 9 / 10, "{learned:?}");
+    let took = answers(&mut pair, 100);
+    let after = pair.server().stats().congestion.expect("adaptive");
+    assert!(
+        after.bottleneck_rate >= learned.bottleneck_rate * 9 / 10,
+        "{learned:?} -> {after:?}"
+    );
+    // At 100 Mbit/s a 64 KiB answer takes 5.2 ms on the wire; a lost packet costs a round
+    // trip, so look at the median exchange.
+    let mut sorted = took.clone();
+    sorted.sort();
+    let median = worst_exchange(&sorted[..=sorted.len() / 2]);
+    assert!(median <= 1.07, "median exchange {median:.3} RTT: {took:?}");
+}
+
 /// When the bottleneck halves, the controller sees congestion (not random loss) and the
 /// loss rate falls below 3 % within two round trips.
 #[test]
