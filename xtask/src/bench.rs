@@ -170,6 +170,10 @@ pub(crate) struct BenchArgs {
     /// HTB on gw-a's WAN interface (htb-cubic); the record then has the shaping error.
     #[arg(long)]
     shape_mbit: Option<f64>,
+    /// The gateways' `max_rate_mbit` (wsx modes): the tunnel starts at this rate and never
+    /// sends faster.
+    #[arg(long)]
+    max_rate_mbit: Option<f64>,
     /// Instead of bulk transfers, open this many concurrent sessions and hold them (a
     /// number, or "max": as many as the gateways carry); repeat for several counts. Modes:
     /// wsx (intercepting gateways) and direct-cubic (no gateways) [default: both].
@@ -271,6 +275,9 @@ pub(crate) struct Record {
 pub(crate) struct GatewayFigures {
     pub(crate) fec: Fec,
     pub(crate) compression: bool,
+    /// The gateways' `max_rate_mbit`, if set.
+    #[serde(default)]
+    pub(crate) max_rate_mbit: Option<f64>,
     /// Tunnel packets gw-a sent with data, and those declared lost and sent again.
     pub(crate) packets_sent: u64,
     pub(crate) retransmitted: u64,
@@ -310,6 +317,7 @@ impl GatewayFigures {
         Self {
             fec: settings.fec,
             compression: settings.compression,
+            max_rate_mbit: settings.max_rate_mbit,
             packets_sent: a.data_packets_sent,
             retransmitted: a.packets_lost,
             recovered: a.fec_recovered_by_peer,
@@ -502,6 +510,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             fec: args.fec,
             compression: !args.no_compression,
             shape_kbit: args.shape_mbit.map(|m| (m * 1000.0).round() as u64),
+            max_rate_mbit: args.max_rate_mbit,
         },
     };
     match args.matrix {
@@ -570,7 +579,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                                 gateways: Settings {
                                     fec,
                                     compression,
-                                    shape_kbit: None,
+                                    ..base.gateways
                                 },
                                 ..base.clone()
                             });
@@ -1087,7 +1096,8 @@ impl Record {
                 _ => String::new(),
             },
             self.gateways.as_ref().map_or(String::new(), |g| format!(
-                ", fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}, loss read {:.2}/{:.2} %, gw-b sent {} data {} ack-only {} parity",
+                "{}, fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}, loss read {:.2}/{:.2} %, gw-b sent {} data {} ack-only {} parity",
+                g.max_rate_mbit.map_or(String::new(), |m| format!(", max rate {m} Mbit/s")),
                 g.fec.as_str(),
                 g.fec_overhead * 100.0,
                 g.recovered,
@@ -1331,6 +1341,7 @@ mod tests {
             matrix: Some(Matrix::Default),
             json: None,
             shape_mbit: None,
+            max_rate_mbit: None,
             sessions: vec![],
             concurrency: 128,
             streams: vec![],

@@ -34,7 +34,7 @@ impl Fec {
 }
 
 /// How both gateways treat their peer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Settings {
     pub(crate) fec: Fec,
     pub(crate) compression: bool,
@@ -42,6 +42,9 @@ pub(crate) struct Settings {
     /// kbit/s, in a scenario of their own under a root at the emulated WAN's rate.
     #[serde(default)]
     pub(crate) shape_kbit: Option<u64>,
+    /// The tunnel's `max_rate_mbit` on both gateways (the operator's stated WAN rate).
+    #[serde(default)]
+    pub(crate) max_rate_mbit: Option<f64>,
 }
 
 impl Default for Settings {
@@ -50,6 +53,7 @@ impl Default for Settings {
             fec: Fec::Adaptive,
             compression: true,
             shape_kbit: None,
+            max_rate_mbit: None,
         }
     }
 }
@@ -403,8 +407,11 @@ pub(crate) fn config_text(
     remote: &str,
     settings: Settings,
 ) -> String {
+    let max_rate = settings
+        .max_rate_mbit
+        .map_or(String::new(), |m| format!("max_rate_mbit = {m:?}\n"));
     format!(
-        "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
+        "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n{max_rate}\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
          [[peer]]\nname = \"peer\"\npublic_key = \"{}\"\nendpoint = \"{endpoint}\"\nprefixes = {remote}\n\
          compression = {}\nfec = \"{}\"\n\n[api]\nlisten = \"{API_LISTEN}\"\ntokens = [\"{API_TOKEN}\"]\n",
         own.to_base64(),
