@@ -136,17 +136,35 @@ impl Daemon {
 
     /// Waits until `count` log lines contain `pattern`.
     pub fn wait_for_count(&self, pattern: &str, count: usize, timeout: Duration) {
+        let what = format!("{count} log line(s) with {pattern:?}");
+        self.wait_until(&what, timeout, |lines| {
+            lines.iter().filter(|l| l.contains(pattern)).count() >= count
+        });
+    }
+
+    /// Waits until a tunnel of this gateway is in service, by its log.
+    pub fn wait_until_serving(&self, timeout: Duration) {
+        self.wait_until("a tunnel in service", timeout, serving);
+    }
+
+    /// Whether a tunnel of this gateway is in service, by its log.
+    pub fn is_serving(&self) -> bool {
+        serving(&self.log.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Waits until `holds` is true of the log so far; panics after `timeout`, naming `what`.
+    fn wait_until(&self, what: &str, timeout: Duration, holds: impl Fn(&[String]) -> bool) {
         let deadline = Instant::now() + timeout;
         let (lines, changed) = &*self.log;
         let mut guard = lines.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if guard.iter().filter(|l| l.contains(pattern)).count() >= count {
+            if holds(&guard) {
                 return;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(
                 !left.is_zero(),
-                "{:?}: no {count} log line(s) with {pattern:?} within {timeout:?}; log:\n{}",
+                "{:?}: no {what} within {timeout:?}; log:\n{}",
                 self.node,
                 guard.join("\n")
             );
@@ -502,11 +520,41 @@ prefixes = {remote}
     }
 }
 
-/// Waits until each gateway has put `n` tunnels in service since it started.
+/// Waits until each gateway has put `n` tunnels in service since it started, and both
+/// have one in service at the same moment. When the two start (or one restarts) at once,
+/// both may initiate: the tunnel one side put in service first is then replaced a round trip
+/// later by the other's, and new sessions go direct in between (fail open). Tests that count
+/// routes start after that.
 pub fn wait_for_tunnel(gw_a: &Daemon, gw_b: &Daemon, n: usize) {
+    let timeout = Duration::from_secs(20);
     for gw in [gw_a, gw_b] {
-        gw.wait_for_count("tunnel in service", n, Duration::from_secs(20));
+        gw.wait_for_count("tunnel in service", n, timeout);
     }
+    // The keeper notices a tunnel's end at its next health check (every 200 ms): a state
+    // that holds across one is settled.
+    let health_check = Duration::from_millis(250);
+    let deadline = Instant::now() + timeout;
+    loop {
+        for gw in [gw_a, gw_b] {
+            gw.wait_until_serving(timeout);
+        }
+        std::thread::sleep(health_check);
+        if gw_a.is_serving() && gw_b.is_serving() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateways did not settle on a tunnel"
+        );
+    }
+}
+
+/// Whether, by the log `lines`, a tunnel is in service: more put in service than ended
+/// (the keeper notices an end at its next health check, so it may log the end of a replaced
+/// tunnel after its successor's start: counts, not order).
+fn serving(lines: &[String]) -> bool {
+    let count = |pattern: &str| lines.iter().filter(|l| l.contains(pattern)).count();
+    count("tunnel in service") > count("tunnel closed") + count("this one is closed")
 }
 
 /// A 64-bit digest of `data`, to compare what was sent with what arrived.

@@ -221,9 +221,10 @@ fn new_sessions_bypass_a_dead_peer_and_return_to_the_tunnel() {
     );
     assert_eq!(gw_a.sessions("bypass"), 2, "new sessions went direct");
     // gw-b comes back (removing its leftovers); new sessions use the tunnel again.
+    let seen = gw_a.count("tunnel in service");
     let gw_b = Daemon::start_with(&lab, Node::GwB, gw_b.config.clone());
-    gw_a.wait_for_count("tunnel in service", 2, Duration::from_secs(20));
-    gw_b.wait_for("tunnel in service", Duration::from_secs(20));
+    gw_a.wait_for_count("tunnel in service", seen + 1, Duration::from_secs(20));
+    wait_for_tunnel(&gw_a, &gw_b, 1);
     assert_eq!(
         transfer(&lab, Node::Client, Node::Server, false, 1, 1_000_000),
         1_000_000
@@ -287,9 +288,10 @@ fn direct_sessions_survive_the_peers_return() {
     }
     assert_eq!(gw_a.sessions("bypass"), 4);
 
+    let seen = gw_a.count("tunnel in service");
     let gw_b = Daemon::start_with(&lab, Node::GwB, gw_b.config.clone());
-    gw_a.wait_for_count("tunnel in service", 2, Duration::from_secs(20));
-    gw_b.wait_for("tunnel in service", Duration::from_secs(20));
+    gw_a.wait_for_count("tunnel in service", seen + 1, Duration::from_secs(20));
+    wait_for_tunnel(&gw_a, &gw_b, 1);
     let mut tunnelled = open(4);
     for (i, s) in (10..).zip(tunnelled.iter_mut()) {
         echo(s, i);
