@@ -49,7 +49,7 @@ pub(crate) enum Mode {
 }
 
 impl Mode {
-    fn congestion(self) -> Option<&'static str> {
+    pub(crate) fn congestion(self) -> Option<&'static str> {
         match self {
             Mode::DirectCubic | Mode::HtbCubic => Some("cubic"),
             Mode::DirectBbr => Some("bbr"),
@@ -87,13 +87,13 @@ impl Mode {
         }
     }
 
-    fn is_wsx(self) -> bool {
+    pub(crate) fn is_wsx(self) -> bool {
         matches!(self, Mode::Wsx | Mode::WsxForward)
     }
 
     /// Where the sender connects: the sink's address, or the forwarding listener on gw-a
     /// (same port) that leads there.
-    fn entry(self, ipv6: bool, sink: SocketAddr) -> SocketAddr {
+    pub(crate) fn entry(self, ipv6: bool, sink: SocketAddr) -> SocketAddr {
         match self {
             Mode::WsxForward => {
                 let lan: IpAddr = if ipv6 {
@@ -153,9 +153,10 @@ pub(crate) struct BenchArgs {
     /// Run over IPv6 instead of IPv4.
     #[arg(long)]
     ipv6: bool,
-    /// The gateways' forward error correction (wsx mode).
-    #[arg(long, value_enum, default_value_t = Fec::Adaptive)]
-    fec: Fec,
+    /// The gateways' forward error correction (wsx modes); repeat to compare [default:
+    /// adaptive].
+    #[arg(long, value_enum)]
+    fec: Vec<Fec>,
     /// Turn the gateways' compression off (wsx mode).
     #[arg(long)]
     no_compression: bool,
@@ -182,6 +183,14 @@ pub(crate) struct BenchArgs {
     /// Sessions being opened at once, over all session clients.
     #[arg(long, default_value_t = 128)]
     concurrency: usize,
+    /// Instead of bulk transfers, this many request/response exchanges one after another,
+    /// one request outstanding (a file client keeping one READ in flight); modes: wsx,
+    /// wsx-forward, direct-cubic, direct-bbr [default: direct-bbr and wsx].
+    #[arg(long)]
+    exchanges: Option<usize>,
+    /// Bytes of each answer in --exchanges, KiB.
+    #[arg(long, default_value_t = 64)]
+    answer_kib: usize,
     /// Instead, the tunnel core alone in simulation with this many concurrent streams
     /// (heap per stream, CPU per stream opened and closed); repeat for several counts.
     #[arg(long)]
@@ -420,6 +429,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     if !args.streams.is_empty() {
         return crate::sessions::run_streams(&args.streams, args.json.as_deref());
     }
+    if let Some(exchanges) = args.exchanges {
+        return run_exchanges(args, exchanges);
+    }
     let cases = cases(args);
     let binary = crate::build_lab_binary()?;
     wsx_lab::install_signal_cleanup()?;
@@ -497,6 +509,50 @@ fn run_sessions(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// The request/response cases: each mode, and each wsx mode with each FEC setting.
+fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
+    use crate::exchange::ExchangeCase;
+    let mut modes = args.mode.clone();
+    if modes.is_empty() {
+        modes = vec![Mode::DirectBbr, Mode::Wsx];
+    }
+    let mut cases = Vec::new();
+    for mode in modes {
+        let fecs = if mode.is_wsx() {
+            fecs(args)
+        } else {
+            vec![Fec::Adaptive]
+        };
+        for fec in fecs {
+            cases.push(ExchangeCase {
+                mode,
+                wan: args.wan.clone(),
+                ipv6: args.ipv6,
+                exchanges,
+                answer_bytes: args.answer_kib * 1024,
+                gateways: Settings {
+                    fec,
+                    compression: !args.no_compression,
+                    shape_kbit: None,
+                    max_rate_mbit: args.max_rate_mbit,
+                },
+            });
+        }
+    }
+    let binary = crate::build_lab_binary()?;
+    wsx_lab::install_signal_cleanup()?;
+    crate::exchange::run(&cases, &binary, args.json.as_deref())
+}
+
+/// The FEC settings asked for (adaptive if none).
+fn fecs(args: &BenchArgs) -> Vec<Fec> {
+    if args.fec.is_empty() {
+        vec![Fec::Adaptive]
+    } else {
+        args.fec.clone()
+    }
+}
+
 fn cases(args: &BenchArgs) -> Vec<Case> {
     let mut modes = args.mode.clone();
     let base = Case {
@@ -507,7 +563,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
         payload: args.payload,
         ipv6: args.ipv6,
         gateways: Settings {
-            fec: args.fec,
+            fec: Fec::Adaptive,
             compression: !args.no_compression,
             shape_kbit: args.shape_mbit.map(|m| (m * 1000.0).round() as u64),
             max_rate_mbit: args.max_rate_mbit,
@@ -518,13 +574,24 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             if modes.is_empty() {
                 modes.push(Mode::DirectCubic);
             }
-            modes
-                .into_iter()
-                .map(|mode| Case {
-                    mode,
-                    ..base.clone()
-                })
-                .collect()
+            let mut cases = Vec::new();
+            for mode in modes {
+                for fec in if mode.is_wsx() {
+                    fecs(args)
+                } else {
+                    vec![Fec::Adaptive]
+                } {
+                    cases.push(Case {
+                        mode,
+                        gateways: Settings {
+                            fec,
+                            ..base.gateways
+                        },
+                        ..base.clone()
+                    });
+                }
+            }
+            cases
         }
         Some(Matrix::Default) => {
             if modes.is_empty() {
@@ -535,6 +602,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                 for &rtt_ms in &[10.0, 50.0, 100.0, 200.0, 400.0] {
                     for &loss_pct in &[0.0, 0.1, 1.0, 5.0] {
                         for &mode in &modes {
+                            let fec = fecs(args)[0];
                             let wan = WanSpec {
                                 rtt_ms,
                                 loss_pct,
@@ -545,6 +613,10 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                                 mode,
                                 wan,
                                 flows,
+                                gateways: Settings {
+                                    fec,
+                                    ..base.gateways
+                                },
                                 ..base.clone()
                             });
                         }
@@ -1327,25 +1399,42 @@ mod tests {
         assert_eq!(steady_mbit(&series[..31]), 0.0);
     }
 
+    /// The arguments as `cargo xtask bench` would parse them from `line`.
+    fn parse(line: &str) -> BenchArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: BenchArgs,
+        }
+        let words = std::iter::once("bench").chain(line.split_whitespace());
+        <Cli as clap::Parser>::try_parse_from(words)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .args
+    }
+
+    #[test]
+    fn each_fec_setting_is_a_case_of_each_wsx_mode() {
+        let compared = cases(&parse("--mode direct-bbr --mode wsx --fec off --fec on"));
+        let got: Vec<_> = compared
+            .iter()
+            .map(|c| (c.mode, c.mode.is_wsx().then_some(c.gateways.fec)))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Mode::DirectBbr, None),
+                (Mode::Wsx, Some(Fec::Off)),
+                (Mode::Wsx, Some(Fec::On)),
+            ]
+        );
+        let default = cases(&parse("--mode wsx"));
+        assert_eq!(default.len(), 1);
+        assert_eq!(default[0].gateways.fec, Fec::Adaptive);
+    }
+
     #[test]
     fn default_matrix_covers_every_combination() {
-        let args = BenchArgs {
-            mode: vec![],
-            wan: WanSpec::default(),
-            flows: 1,
-            seconds: 1.0,
-            payload: PayloadKind::Random,
-            ipv6: false,
-            fec: Fec::Adaptive,
-            no_compression: false,
-            matrix: Some(Matrix::Default),
-            json: None,
-            shape_mbit: None,
-            max_rate_mbit: None,
-            sessions: vec![],
-            concurrency: 128,
-            streams: vec![],
-        };
+        let args = parse("--matrix default --seconds 1");
         let cases = cases(&args);
         assert_eq!(cases.len(), 5 * 4 * 2 * 2);
         assert!(

@@ -4,7 +4,8 @@
 //!   across a 100 ms, 1 % loss, 100 Mbit/s WAN, side by side.
 //! - `bench`: single benchmark cases and matrices on the lab, as JSON Lines, a markdown table
 //!   and SVG plots under `target/bench/`; with `--sessions`, many concurrent sessions held
-//!   through the gateways.
+//!   through the gateways; with `--exchanges`, request/response with one request
+//!   outstanding.
 //! - `shaping`: the bandwidth controller's cases (minimums and priorities, latency by
 //!   priority, fair share), through wsx's shaper and the kernel's HTB in one run.
 //! - `soak`: mixed bulk and short sessions through the gateways for a long run while the
@@ -21,6 +22,7 @@ mod chart;
 mod deb;
 mod demo;
 mod emulator_cost;
+mod exchange;
 mod gateway;
 mod host;
 mod sessions;

@@ -120,6 +120,38 @@ enum Cmd {
         #[arg(long, default_value = "-")]
         json: String,
     },
+    /// Request/response exchanges, one outstanding at a time, each answer checked and timed.
+    Exchange {
+        /// The answering server (`wsx-lab answer`).
+        #[arg(long)]
+        to: SocketAddr,
+        /// Exchanges, one after another.
+        #[arg(long, default_value_t = 1000)]
+        exchanges: usize,
+        /// Bytes per answer.
+        #[arg(long, default_value_t = 65536)]
+        answer_bytes: usize,
+        /// TCP congestion control (cubic, bbr, reno); default: the namespace's.
+        #[arg(long)]
+        cc: Option<String>,
+        /// Seed of the answers.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the JSON report here ("-": stdout).
+        #[arg(long, default_value = "-")]
+        json: String,
+    },
+    /// Answer the requests of one `wsx-lab exchange` connection until it closes; prints
+    /// "ready" once listening.
+    Answer {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// TCP congestion control of the answers (cubic, bbr, reno); default: the
+        /// namespace's.
+        #[arg(long)]
+        cc: Option<String>,
+    },
     /// Echo what one connection sends until it closes; prints "ready" once listening.
     Echo {
         /// Address to listen on.
@@ -326,6 +358,36 @@ fn main() -> Result<()> {
                 seed,
             });
             finish(&json, &report, report.verified, report.error.as_deref())
+        }
+        Cmd::Exchange {
+            to,
+            exchanges,
+            answer_bytes,
+            cc,
+            seed,
+            json,
+        } => {
+            let report = traffic::exchange(&traffic::ExchangeOptions {
+                to,
+                exchanges,
+                answer_len: answer_bytes,
+                congestion: cc,
+                seed,
+                timeout: Duration::from_secs(60),
+            });
+            finish(&json, &report, report.verified, report.error.as_deref())
+        }
+        Cmd::Answer { listen, cc } => {
+            let listener =
+                TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
+            println!("ready {}", listener.local_addr()?);
+            let _ = std::io::stdout().flush();
+            let served = traffic::answer(&listener, cc.as_deref())?;
+            eprintln!(
+                "answered {} requests, {} bytes",
+                served.exchanges, served.bytes
+            );
+            Ok(())
         }
         Cmd::Echo { listen } => {
             let listener =

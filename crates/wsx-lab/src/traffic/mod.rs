@@ -1,5 +1,6 @@
 //! Traffic for the lab. [`send_paced`] offers a constant UDP load; [`probe`] and [`echo`]
-//! time small requests and their answers; [`sessions`] and [`echo_server`] open and hold
+//! time small requests and their answers; [`exchange`] and [`answer`] time large answers to
+//! small requests, one outstanding at a time; [`sessions`] and [`echo_server`] open and hold
 //! many concurrent sessions. The rest is verified TCP traffic: a sender that pushes a deterministic stream over M parallel TCP connections
 //! for N bytes or S seconds, and a sink that checks every byte against the same stream.
 //!
@@ -11,6 +12,7 @@
 //! Times are `CLOCK_MONOTONIC` nanoseconds, shared by all namespaces of the host: the sink
 //! measures time to first byte and per-flow rates in 100 ms buckets from the sender's origin.
 
+mod exchange;
 mod payload;
 mod probe;
 mod send;
@@ -19,6 +21,7 @@ mod sink;
 mod tunnel;
 mod udp;
 
+pub use exchange::{AnswerReport, ExchangeOptions, ExchangeReport, answer, exchange};
 pub use payload::{Payload, PayloadKind};
 pub use probe::{ProbeOptions, ProbeReport, echo, probe};
 pub use send::{SendOptions, SendReport, SentFlow, send};
