@@ -5,9 +5,26 @@
 //! acknowledged, the bytes delivered since then over the time elapsed is the rate the path
 //! delivered at. Taking the longer of the send and ACK intervals (§3.3) keeps a burst of
 //! coalesced ACKs — wsx acknowledges every few dozen packets — from inflating the sample.
+//!
+//! **Flights after idle.** A flight shorter than a round trip (an answer to a request) is
+//! sent before any of it is acknowledged, so every sample of it runs from its first packet's
+//! departure and includes the whole round trip: it measures how much the application sent
+//! per round trip, never what the path can carry, and a pacing rate learnt from it keeps the
+//! next answer as slow. Such a flight is also timed where it arrives: the receiver
+//! acknowledges the first packet after a quiet spell at once, and every ACK says how long the
+//! receiver held its newest packet, so two ACKs give the arrival times of the flight's start
+//! and of its newest packet so far. The bytes between over the longer of that spread and the
+//! same packets' send spread is a rate the path demonstrably carried (the bottleneck cannot
+//! deliver faster than it serves) that never exceeds the pacing rate; the larger of the two
+//! samples is taken. The flight's timing ends once a packet sent after its first ACK is
+//! acknowledged: ordinary samples then measure the path.
 
 use super::{RateSample, rate_of};
 use std::time::{Duration, Instant};
+
+/// The shortest arrival spread a flight's timing is taken over: below it the receiver's
+/// batched reads (one timestamp for a batch of datagrams) are a large part of the spread.
+const MIN_FLIGHT_SPREAD: Duration = Duration::from_millis(2);
 
 /// What a packet remembers of the delivery state when it was sent.
 #[derive(Debug, Clone, Copy)]
@@ -27,6 +44,8 @@ pub(crate) struct DeliveryRate {
     app_limited_until: u64,
     /// The sample being assembled from one ACK frame.
     pending: Option<Pending>,
+    /// The flight sent after idle being timed at the receiver, if any.
+    flight: Option<Flight>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +54,18 @@ struct Pending {
     prior_time: Instant,
     send_elapsed: Duration,
     app_limited: bool,
+    /// When the newest packet acknowledged was sent.
+    newest_sent: Instant,
+}
+
+/// A flight that began after idle (see the module documentation).
+#[derive(Debug, Clone, Copy)]
+struct Flight {
+    /// The delivered count when it began: packets sent before are not its own.
+    start: u64,
+    /// Its first ACK: the delivered count after it, when the receiver got the newest packet
+    /// it acknowledged, and when that packet was sent.
+    first: Option<(u64, Instant, Instant)>,
 }
 
 impl DeliveryRate {
@@ -45,6 +76,7 @@ impl DeliveryRate {
             first_sent_time: now,
             app_limited_until: 0,
             pending: None,
+            flight: None,
         }
     }
 
@@ -59,6 +91,10 @@ impl DeliveryRate {
             // Start of a flight after idle: intervals start now, not at the last ACK.
             self.first_sent_time = now;
             self.delivered_time = now;
+            self.flight = Some(Flight {
+                start: self.delivered,
+                first: None,
+            });
         }
         PacketSnapshot {
             delivered: self.delivered,
@@ -96,6 +132,7 @@ impl DeliveryRate {
                 prior_time: snapshot.delivered_time,
                 send_elapsed: sent.saturating_duration_since(snapshot.first_sent_time),
                 app_limited: snapshot.app_limited,
+                newest_sent: sent,
             });
             self.first_sent_time = sent;
         }
@@ -103,21 +140,57 @@ impl DeliveryRate {
 
     /// What the ACK frame just processed delivered, if it acknowledged anything: the delivered
     /// count when its newest packet was sent, and a rate sample. Samples over less than
-    /// `min_rtt` are dropped: they measure a burst, not the path (§3.3).
-    pub(crate) fn take_sample(&mut self, min_rtt: Duration) -> Option<(u64, Option<RateSample>)> {
+    /// `min_rtt` are dropped: they measure a burst, not the path (§3.3). `received_at` is
+    /// when the peer received the newest packet the frame acknowledged (the frame's arrival
+    /// less the delay the peer reports), which times a flight after idle at the receiver.
+    pub(crate) fn take_sample(
+        &mut self,
+        min_rtt: Duration,
+        received_at: Instant,
+    ) -> Option<(u64, Option<RateSample>)> {
         let p = self.pending.take()?;
+        let flight = self.flight_rate(&p, received_at);
         let ack_elapsed = self.delivered_time.saturating_duration_since(p.prior_time);
         let interval = p.send_elapsed.max(ack_elapsed);
-        if interval < min_rtt || interval.is_zero() {
-            return Some((p.prior_delivered, None));
-        }
-        let bytes = self.delivered - p.prior_delivered;
-        let sample = RateSample {
-            rate: rate_of(bytes, interval),
+        let sample = (interval >= min_rtt && !interval.is_zero()).then(|| RateSample {
+            rate: rate_of(self.delivered - p.prior_delivered, interval),
             interval,
             app_limited: p.app_limited,
+        });
+        let sample = match (sample, flight) {
+            (Some(s), Some((rate, _))) if s.rate >= rate => Some(s),
+            (_, Some((rate, interval))) => Some(RateSample {
+                rate,
+                interval,
+                app_limited: p.app_limited,
+            }),
+            (s, None) => s,
         };
-        Some((p.prior_delivered, Some(sample)))
+        Some((p.prior_delivered, sample))
+    }
+
+    /// The rate at which the flight after idle, if one is being timed, arrived up to this
+    /// ACK, and the interval it was taken over.
+    fn flight_rate(&mut self, p: &Pending, received_at: Instant) -> Option<(u64, Duration)> {
+        let flight = self.flight.as_mut()?;
+        if p.prior_delivered < flight.start {
+            // An ACK of packets sent before the flight.
+            return None;
+        }
+        let Some((first_delivered, first_received, first_sent)) = flight.first else {
+            flight.first = Some((self.delivered, received_at, p.newest_sent));
+            return None;
+        };
+        if p.prior_delivered >= first_delivered {
+            // Sent after the flight's first ACK arrived: ordinary samples time it now.
+            self.flight = None;
+            return None;
+        }
+        let spread = received_at
+            .saturating_duration_since(first_received)
+            .max(p.newest_sent.saturating_duration_since(first_sent));
+        let bytes = self.delivered - first_delivered;
+        (spread >= MIN_FLIGHT_SPREAD && bytes > 0).then(|| (rate_of(bytes, spread), spread))
     }
 }
 
@@ -143,7 +216,7 @@ mod tests {
                     d.on_acked(now, 1000, at, &snap);
                     in_flight -= 1000;
                 }
-                samples.extend(d.take_sample(ms(50)).and_then(|(_, s)| s));
+                samples.extend(d.take_sample(ms(50), now).and_then(|(_, s)| s));
             }
             sent.push((now, d.on_sent(now, in_flight)));
             in_flight += 1000;
@@ -166,7 +239,7 @@ mod tests {
         let later = t0 + Duration::from_millis(100);
         d.on_acked(later, 1000, t0, &snap);
         d.on_acked(later, 1000, t0, &snap2);
-        let (prior, s) = d.take_sample(Duration::from_millis(10)).unwrap();
+        let (prior, s) = d.take_sample(Duration::from_millis(10), later).unwrap();
         assert!(s.unwrap().app_limited);
         assert_eq!((prior, d.delivered()), (0, 2000));
     }

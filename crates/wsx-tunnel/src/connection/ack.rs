@@ -3,7 +3,9 @@
 //! Acknowledgements are economical (PROTOCOL.md §5): the receiver acknowledges every
 //! `ack_every` ack-eliciting packets or after an ACK delay (a quarter of the RTT, within
 //! [5 ms, `max_ack_delay`]), and early — at most once per NAK interval (an eighth of the RTT)
-//! — when a gap appears. Each ACK frame carries up to [`MAX_ACK_RANGES`] ranges, so a lost
+//! — when a gap appears. The first ack-eliciting packet after a quiet spell (none for an ACK
+//! delay) is acknowledged at once: with the ACK that follows it, the sender learns when the
+//! start and the end of a short flight arrived, and so the rate the path carried it at. Each ACK frame carries up to [`MAX_ACK_RANGES`] ranges, so a lost
 //! ACK costs nothing: the next one repeats it.
 
 use crate::range_set::RangeSet;
@@ -24,6 +26,8 @@ pub(super) struct AckState {
     unacked_eliciting: u32,
     deadline: Option<Instant>,
     last_sent: Option<Instant>,
+    /// When the last ack-eliciting packet arrived.
+    last_eliciting: Option<Instant>,
 }
 
 impl AckState {
@@ -36,6 +40,7 @@ impl AckState {
             unacked_eliciting: 0,
             deadline: None,
             last_sent: None,
+            last_eliciting: None,
         }
     }
 
@@ -68,9 +73,15 @@ impl AckState {
         if !eliciting {
             return;
         }
+        let delay = self.delay(rtt);
+        let quiet = self.unacked_eliciting == 0
+            && self
+                .last_eliciting
+                .is_none_or(|t| now.saturating_duration_since(t) >= delay);
+        self.last_eliciting = Some(now);
         self.unacked_eliciting += 1;
-        let mut deadline = now + self.delay(rtt);
-        if self.unacked_eliciting >= self.ack_every {
+        let mut deadline = now + delay;
+        if self.unacked_eliciting >= self.ack_every || quiet {
             deadline = now;
         }
         if gap {
@@ -170,9 +181,34 @@ mod tests {
     }
 
     #[test]
+    fn the_first_packet_after_a_quiet_spell_is_acknowledged_at_once() {
+        let (t0, rtt) = (crate::test_epoch(), rtt_100ms());
+        let mut acks = state();
+        acks.on_packet(t0, 0, true, &rtt);
+        assert!(acks.is_due(t0), "the very first packet");
+        acks.on_sent(t0);
+        // The rest of the flight waits as usual.
+        acks.on_packet(t0 + MS, 1, true, &rtt);
+        assert_eq!(acks.deadline(), Some(t0 + 26 * MS));
+        acks.on_sent(t0 + 26 * MS);
+        // 10 ms after the last packet is not quiet (the ACK delay is 25 ms)...
+        acks.on_packet(t0 + 11 * MS, 2, true, &rtt);
+        assert_eq!(acks.deadline(), Some(t0 + 36 * MS));
+        acks.on_sent(t0 + 36 * MS);
+        // ...but 25 ms is; and a packet that asks for no ACK neither counts nor starts one.
+        acks.on_packet(t0 + 40 * MS, 3, false, &rtt);
+        assert!(!acks.is_pending());
+        acks.on_packet(t0 + 36 * MS + 25 * MS, 4, true, &rtt);
+        assert!(acks.is_due(t0 + 61 * MS));
+    }
+
+    #[test]
     fn in_order_packets_wait_for_the_ack_delay_or_the_count() {
         let (t0, rtt) = (crate::test_epoch(), rtt_100ms());
         let mut acks = state();
+        // Packets have been arriving: the flight is under way.
+        acks.on_packet(t0 - MS, 0, true, &rtt);
+        acks.on_sent(t0 - MS);
         acks.on_packet(t0, 0, true, &rtt);
         // A quarter of 100 ms is more than max_ack_delay: 25 ms.
         assert_eq!(acks.deadline(), Some(t0 + 25 * MS));

@@ -282,15 +282,28 @@ impl Pair {
         self.links[link].send(self.now, datagram, tag);
     }
 
-    /// Delivers what is due now, then lets everything transmit, then advances the clock to the
-    /// next event. Returns false when nothing is left to happen.
+    /// Lets what the application did since the last step leave now, advances the clock to the
+    /// next event, and delivers and fires what is due then (with everything it lets
+    /// transmit). The caller then acts at the time things happened: an answer written after
+    /// a step leaves at the moment its request arrived, not at whatever event comes next.
+    /// Returns false when nothing is left to happen.
     pub fn step(&mut self) -> bool {
         self.step_with(&mut |_, _| {})
     }
 
     /// [`Self::step`], showing each delivered datagram to `tap` (receiving side, bytes).
     pub fn step_with(&mut self, tap: &mut dyn FnMut(usize, &[u8])) -> bool {
-        // Timers and deliveries due now, then transmits, until nothing more happens now.
+        self.settle(tap);
+        let Some(t) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(t);
+        self.settle(tap);
+        true
+    }
+
+    /// Timers and deliveries due now, then transmits, until nothing more happens now.
+    fn settle(&mut self, tap: &mut dyn FnMut(usize, &[u8])) {
         for _ in 0..10_000 {
             let mut progress = self.fire_timers();
             // To the clients (a datagram's tag is its client), then to the server (the tag
@@ -312,13 +325,6 @@ impl Pair {
             if !progress {
                 break;
             }
-        }
-        match self.next_event() {
-            Some(t) => {
-                self.now = self.now.max(t);
-                true
-            }
-            None => false,
         }
     }
 

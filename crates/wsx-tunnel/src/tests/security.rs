@@ -280,7 +280,11 @@ fn a_path_too_small_for_the_data_packets_fails_the_handshake() {
         let mut sizes = Vec::new();
         let end = pair.now + Duration::from_secs(20);
         while pair.now < end && pair.step_with(&mut |_, d| sizes.push(d.len())) {}
-        let established = pair.client().is_established();
+        // A failed handshake's connection may be gone by the end.
+        let established = pair.sides[0]
+            .connections
+            .values()
+            .any(|c| c.is_established());
         assert_eq!(
             established, connects,
             "path limit {limit}, datagrams {sizes:?}"

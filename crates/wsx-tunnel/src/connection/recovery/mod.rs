@@ -385,7 +385,7 @@ impl Recovery {
         // so that it judges the losses against everything this ACK delivered.
         let (prior_delivered, rate) = self
             .delivery
-            .take_sample(self.rtt.min())
+            .take_sample(self.rtt.min(), now.checked_sub(delay).unwrap_or(now))
             .unwrap_or((self.delivery.delivered(), None));
         if let Some(controller) = &mut self.controller {
             let event = AckEvent {
