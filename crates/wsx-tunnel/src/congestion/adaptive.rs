@@ -48,6 +48,10 @@
 //! **Application-limited samples.** A delivery sample taken while the sender had nothing to
 //! send measures the application: it may raise the estimate, never lower it, and it never
 //! stands for the path when congestion resets the estimate (that backs off to 70 % instead).
+//! A flight shorter than a round trip (an answer) is also timed where it arrives
+//! (`delivery.rs`), so Rapid Start's gain raises the estimate answer by answer towards the
+//! path's rate: these rounds never count towards a full pipe, and the estimate keeps what
+//! they found.
 
 use super::loss_pattern::{Cause, LossPattern};
 use super::{
