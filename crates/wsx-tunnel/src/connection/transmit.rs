@@ -266,8 +266,18 @@ impl Connection {
             self.pacer.on_sent(now, eliciting_bytes, rate);
         }
         self.recovery.on_probes_sent(count as u32);
-        if !self.wants_to_send_data() && self.recovery.window_room() > 0 {
-            self.recovery.on_app_limited();
+        if !self.wants_to_send_data() {
+            if self.recovery.window_room() > 0 {
+                self.recovery.on_app_limited();
+            }
+            if eliciting_bytes > 0 {
+                // The flight ends here: its block's parity follows it now, not when the
+                // flush timer fires a quarter of an RTT later, so a loss among an answer's
+                // last packets is rebuilt as soon as the answer could have arrived.
+                if let Some(fec) = &mut self.recovery.fec {
+                    fec.close_block();
+                }
+            }
         }
         Some(Transmit {
             destination: self.remote,

@@ -209,7 +209,7 @@ fn a_warm_start_reaches_90_percent_within_three_round_trips() {
 /// keeps one request outstanding): how long each took from the first byte written to the
 /// last byte's arrival, each started half an RTT (the request's way) after the last one
 /// arrived.
-fn answers(pair: &mut Pair, count: usize) -> Vec<Duration> {
+pub(super) fn answers(pair: &mut Pair, count: usize) -> Vec<Duration> {
     let mut transfers = Transfers::new(1);
     let mut took = Vec::new();
     for _ in 0..count {
@@ -233,7 +233,7 @@ fn answers(pair: &mut Pair, count: usize) -> Vec<Duration> {
 
 /// The longest of `took`, as a share of the RTT, counting the request's half: what one
 /// exchange of a client with one request outstanding costs.
-fn worst_exchange(took: &[Duration]) -> f64 {
+pub(super) fn worst_exchange(took: &[Duration]) -> f64 {
     let worst = took.iter().max().copied().unwrap_or_default();
     (worst + RTT / 2).as_secs_f64() / RTT.as_secs_f64()
 }
