@@ -125,6 +125,10 @@ impl Mode {
 pub(crate) enum Matrix {
     /// RTT 10/50/100/200/400 ms × loss 0/0.1/1/5 % × 1 and 10 flows, at --rate-mbit.
     Default,
+    /// The two plots of goodput: against loss (0, 0.5, 1, 2, 5 and 10 % at 100 ms RTT) and
+    /// against RTT (10, 50, 100, 200, 400 and 600 ms without loss), at --rate-mbit, one flow
+    /// [default modes: direct-cubic, direct-bbr and wsx].
+    Plots,
     /// The wsx gateways with FEC off/adaptive × compression off/on, at 100 ms RTT and
     /// --rate-mbit, over loss 0/1/5 % and burst loss (about 1 %, bursts of 3 on average),
     /// with random and text payloads.
@@ -621,6 +625,33 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                             });
                         }
                     }
+                }
+            }
+            cases
+        }
+        Some(Matrix::Plots) => {
+            if modes.is_empty() {
+                modes = vec![Mode::DirectCubic, Mode::DirectBbr, Mode::Wsx];
+            }
+            let by_loss = [0.0, 0.5, 1.0, 2.0, 5.0, 10.0].map(|loss_pct| (100.0, loss_pct));
+            let by_rtt = [10.0, 50.0, 200.0, 400.0, 600.0].map(|rtt_ms| (rtt_ms, 0.0));
+            let mut cases = Vec::new();
+            for (rtt_ms, loss_pct) in by_loss.into_iter().chain(by_rtt) {
+                for &mode in &modes {
+                    cases.push(Case {
+                        mode,
+                        wan: WanSpec {
+                            rtt_ms,
+                            loss_pct,
+                            queue_ms: None,
+                            ..args.wan.clone()
+                        },
+                        gateways: Settings {
+                            fec: fecs(args)[0],
+                            ..base.gateways
+                        },
+                        ..base.clone()
+                    });
                 }
             }
             cases
@@ -1430,6 +1461,22 @@ mod tests {
         let default = cases(&parse("--mode wsx"));
         assert_eq!(default.len(), 1);
         assert_eq!(default[0].gateways.fec, Fec::Adaptive);
+    }
+
+    #[test]
+    fn the_plots_sweep_loss_at_100_ms_and_rtt_without_loss() {
+        let plots = cases(&parse("--matrix plots --seconds 1"));
+        assert_eq!(plots.len(), 11 * 3);
+        let points = |mode| {
+            plots
+                .iter()
+                .filter(|c| c.mode == mode)
+                .map(|c| (c.wan.rtt_ms, c.wan.loss_pct))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(points(Mode::Wsx), points(Mode::DirectCubic));
+        assert!(points(Mode::Wsx).contains(&(100.0, 10.0)));
+        assert!(points(Mode::Wsx).contains(&(600.0, 0.0)));
     }
 
     #[test]
