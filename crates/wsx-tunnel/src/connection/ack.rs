@@ -5,8 +5,9 @@
 //! [5 ms, `max_ack_delay`]), and early — at most once per NAK interval (an eighth of the RTT)
 //! — when a gap appears. The first ack-eliciting packet after a quiet spell (none for an ACK
 //! delay) is acknowledged at once: with the ACK that follows it, the sender learns when the
-//! start and the end of a short flight arrived, and so the rate the path carried it at. Each ACK frame carries up to [`MAX_ACK_RANGES`] ranges, so a lost
-//! ACK costs nothing: the next one repeats it.
+//! start and the end of a short flight arrived, and so the rate the path carried it at. Each
+//! ACK frame carries up to [`MAX_ACK_RANGES`] ranges, so a lost ACK costs nothing: the next
+//! one repeats it.
 
 use crate::range_set::RangeSet;
 use crate::rtt::{GRANULARITY, RttEstimator};
@@ -195,11 +196,12 @@ mod tests {
         acks.on_packet(t0 + 11 * MS, 2, true, &rtt);
         assert_eq!(acks.deadline(), Some(t0 + 36 * MS));
         acks.on_sent(t0 + 36 * MS);
-        // ...but 25 ms is; and a packet that asks for no ACK neither counts nor starts one.
-        acks.on_packet(t0 + 40 * MS, 3, false, &rtt);
+        // ...but 25 ms without one is; a packet that asks for no ACK neither counts nor
+        // starts one.
+        acks.on_packet(t0 + 30 * MS, 3, false, &rtt);
         assert!(!acks.is_pending());
-        acks.on_packet(t0 + 36 * MS + 25 * MS, 4, true, &rtt);
-        assert!(acks.is_due(t0 + 61 * MS));
+        acks.on_packet(t0 + 36 * MS, 4, true, &rtt);
+        assert!(acks.is_due(t0 + 36 * MS));
     }
 
     #[test]
