@@ -518,10 +518,14 @@ impl Streams {
         if stream.recv.readable() == 0 {
             stream.readable_notified = false;
         }
-        // Credit: move the stream's window when half of it was consumed.
+        // Credit: move the stream's window when an eighth of it was consumed. The sender
+        // learns of it half a round trip later, so what it may have outstanding stays
+        // between 7/8 of the window and all of it (moved at half, it fell to half: on a long
+        // path that, not the path, set a stream's rate).
         let consumed = stream.recv.read_offset();
         if stream.recv.final_size().is_none()
-            && stream.recv_max - consumed < self.limits.stream_window / 2
+            && stream.recv_max - consumed
+                < self.limits.stream_window - self.limits.stream_window / 8
         {
             stream.recv_max = consumed + self.limits.stream_window;
             if !stream.max_stream_data_queued {
