@@ -13,6 +13,8 @@ const SLOTS: usize = 4 * MAX_BLOCK;
 const KEEP: u64 = (SLOTS / 2) as u64;
 /// Blocks with parity tracked at once; the oldest go first.
 const MAX_BLOCKS: usize = SLOTS;
+/// The largest shard taken: a datagram cannot be longer than 65,535 bytes.
+const MAX_SHARD: usize = u16::MAX as usize - 1;
 
 /// Rebuilds lost packets from the packets received and the parity of their group.
 ///
@@ -20,10 +22,16 @@ const MAX_BLOCKS: usize = SLOTS;
 /// place), [`Decoder::commit`] once they have authenticated, so that a forged packet never
 /// stands in for a real one. Rebuilt packets come out of [`Decoder::pop_recovered`] as they
 /// were sent, still sealed: the caller authenticates them like any other.
+///
+/// Each block has the shard size of its parity (the sender's datagram size when it coded
+/// the block, which path MTU discovery may change). Packets are kept in slots as long as
+/// the longest protected packet seen so far, which grow (keeping what they hold) when a
+/// longer one arrives.
 #[derive(Debug)]
 pub struct Decoder {
-    shard_bytes: usize,
-    /// `SLOTS` shards, allocated when the first protected packet arrives.
+    /// The bytes of each slot: the longest protected packet so far, with its length prefix.
+    slot_bytes: usize,
+    /// `SLOTS` slots, allocated when the first protected packet arrives.
     shards: Vec<u8>,
     /// Per slot: the packet number it holds, and whether that packet authenticated.
     slot_pn: Vec<u64>,
@@ -40,6 +48,8 @@ pub struct Decoder {
 #[derive(Debug)]
 struct BlockState {
     block: Block,
+    /// The length of its parity shards (all of them).
+    shard_bytes: usize,
     /// `depth · m` parity shards, group by group.
     parity: Vec<Option<Vec<u8>>>,
     /// Groups with nothing left to do: complete, or rebuilt.
@@ -60,17 +70,18 @@ pub struct DecoderStats {
 }
 
 impl Decoder {
-    /// A decoder for shards of `shard_bytes` (the sender's).
+    /// A decoder whose slots start at `shard_bytes` (the sender's shard size, if known);
+    /// they grow to the longest packet protected.
     pub fn new(shard_bytes: usize) -> Self {
         Self {
-            shard_bytes,
+            slot_bytes: shard_bytes.clamp(LEN_PREFIX, MAX_SHARD),
             shards: Vec::new(),
             slot_pn: Vec::new(),
             slot_ok: Vec::new(),
             highest: None,
             blocks: BTreeMap::new(),
             codec: Codec(None),
-            zero: vec![0; shard_bytes],
+            zero: Vec::new(),
             recovered: VecDeque::new(),
             spare: Vec::new(),
             stats: DecoderStats::default(),
@@ -87,29 +98,46 @@ impl Decoder {
             + self
                 .blocks
                 .values()
-                .map(|b| b.parity.iter().flatten().count() * self.shard_bytes)
+                .map(|b| b.parity.iter().flatten().count() * b.shard_bytes)
                 .sum::<usize>()
     }
 
     /// Keeps a copy of protected packet `pn` before it is decrypted. Packets too long to be
     /// protected are ignored.
     pub fn stage(&mut self, pn: u64, packet: &[u8]) {
-        if packet.len() > self.shard_bytes - LEN_PREFIX {
+        if packet.len() + LEN_PREFIX > MAX_SHARD {
             return;
         }
-        self.allocate();
+        self.allocate(packet.len() + LEN_PREFIX);
         let slot = slot(pn);
-        let at = slot * self.shard_bytes;
-        write_shard(&mut self.shards[at..at + self.shard_bytes], packet);
+        let at = slot * self.slot_bytes;
+        write_shard(&mut self.shards[at..at + self.slot_bytes], packet);
         self.slot_pn[slot] = pn;
         self.slot_ok[slot] = false;
     }
 
-    fn allocate(&mut self) {
+    /// Makes sure the slots exist and hold `bytes` each, moving what they hold into longer
+    /// ones when they are too short.
+    fn allocate(&mut self, bytes: usize) {
         if self.shards.is_empty() {
-            self.shards = vec![0; SLOTS * self.shard_bytes];
+            self.slot_bytes = self.slot_bytes.max(bytes);
+            self.shards = vec![0; SLOTS * self.slot_bytes];
             self.slot_pn = vec![u64::MAX; SLOTS];
             self.slot_ok = vec![false; SLOTS];
+        } else if bytes > self.slot_bytes {
+            let mut longer = vec![0; SLOTS * bytes];
+            for (old, new) in self
+                .shards
+                .chunks_exact(self.slot_bytes)
+                .zip(longer.chunks_exact_mut(bytes))
+            {
+                new[..old.len()].copy_from_slice(old);
+            }
+            self.shards = longer;
+            self.slot_bytes = bytes;
+        }
+        if self.zero.len() < self.slot_bytes {
+            self.zero.resize(self.slot_bytes, 0);
         }
     }
 
@@ -142,13 +170,13 @@ impl Decoder {
         held(&self.slot_pn, &self.slot_ok, pn)
     }
 
-    /// Takes a parity shard. Descriptions that contradict an earlier one for the same block,
-    /// shards of the wrong size, and blocks too old or too far ahead are ignored.
+    /// Takes a parity shard. Descriptions or sizes that contradict an earlier shard of the
+    /// same block, shards of an odd size, and blocks too old or too far ahead are ignored.
     pub fn on_parity(&mut self, info: ParityInfo, shard: &[u8]) {
-        if shard.len() != self.shard_bytes {
+        if shard.len() < 2 * LEN_PREFIX || shard.len() % 2 != 0 || shard.len() > MAX_SHARD {
             return;
         }
-        self.allocate();
+        self.allocate(shard.len());
         let block = info.block;
         if let Some(highest) = self.highest {
             if block.end().saturating_add(KEEP) <= highest
@@ -161,11 +189,12 @@ impl Decoder {
             let slots = usize::from(block.shape.depth) * usize::from(block.shape.m);
             BlockState {
                 block,
+                shard_bytes: shard.len(),
                 parity: (0..slots).map(|_| None).collect(),
                 done: vec![false; usize::from(block.shape.depth)],
             }
         });
-        if state.block != block {
+        if state.block != block || state.shard_bytes != shard.len() {
             return;
         }
         let at = usize::from(info.group) * usize::from(block.shape.m) + usize::from(info.index);
@@ -191,7 +220,7 @@ impl Decoder {
         if state.done[usize::from(g)] {
             return;
         }
-        let block = state.block;
+        let (block, shard_bytes) = (state.block, state.shard_bytes);
         let (k, m) = (usize::from(block.shape.k), usize::from(block.shape.m));
         let members = block.members(g);
         let missing = (0..members)
@@ -206,24 +235,28 @@ impl Decoder {
             return;
         }
         let codec = match &mut self.codec.0 {
-            Some(codec) => codec.reset(k, m, self.shard_bytes).map(|()| codec),
-            None => ReedSolomonDecoder::new(k, m, self.shard_bytes)
-                .map(|codec| self.codec.0.insert(codec)),
+            Some(codec) => codec.reset(k, m, shard_bytes).map(|()| codec),
+            None => {
+                ReedSolomonDecoder::new(k, m, shard_bytes).map(|codec| self.codec.0.insert(codec))
+            }
         };
         let Ok(codec) = codec else {
             return;
         };
         let mut added = Ok(());
         for i in 0..k {
+            // A slot is at least as long as any block's shard (it grows with the parity too);
+            // a member longer than the block's shard cannot be one, and fails
+            // authentication once rebuilt with anything else.
             let shard = if i >= members {
-                &self.zero[..]
+                &self.zero[..shard_bytes]
             } else {
                 let pn = block.member(g, i);
                 if !held(&self.slot_pn, &self.slot_ok, pn) {
                     continue;
                 }
-                let at = slot(pn) * self.shard_bytes;
-                &self.shards[at..at + self.shard_bytes]
+                let at = slot(pn) * self.slot_bytes;
+                &self.shards[at..at + shard_bytes]
             };
             added = added.and(codec.add_original_shard(i, shard));
         }
@@ -245,7 +278,7 @@ impl Decoder {
                     continue;
                 }
                 let len = usize::from(u16::from_be_bytes([shard[0], shard[1]]));
-                if len > self.shard_bytes - LEN_PREFIX {
+                if len > shard_bytes - LEN_PREFIX {
                     // Parity that does not belong with these packets (forged or corrupt); what
                     // it rebuilds would fail authentication anyway.
                     continue;

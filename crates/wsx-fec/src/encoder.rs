@@ -7,6 +7,10 @@ use std::collections::VecDeque;
 
 /// Builds the parity of one block at a time. Packets join the open block as they are sent;
 /// [`Encoder::close`] codes it and queues the parity shards for [`Encoder::pop_parity`].
+///
+/// The shard size may change between blocks ([`Encoder::set_shard_bytes`]: the path's
+/// datagram size moved); each queued shard keeps the size of its block, which the receiver
+/// reads from the parity's length.
 #[derive(Debug)]
 pub struct Encoder {
     shard_bytes: usize,
@@ -38,10 +42,7 @@ impl Encoder {
     /// An encoder for shards of `shard_bytes` (even, at least 4): a packet may be at most
     /// `shard_bytes - 2` long.
     pub fn new(shard_bytes: usize) -> Self {
-        assert!(
-            shard_bytes >= 4 && shard_bytes % 2 == 0,
-            "shard size must be even and at least 4"
-        );
+        assert_shard_bytes(shard_bytes);
         Self {
             shard_bytes,
             codecs: Codecs(Vec::new()),
@@ -59,9 +60,24 @@ impl Encoder {
         self.shard_bytes - LEN_PREFIX
     }
 
-    /// The bytes [`Encoder::pop_parity`] writes: the description and the shard.
+    /// The bytes the next [`Encoder::pop_parity`] writes: the description and the shard
+    /// (of the size of its block; the current size when nothing is queued).
     pub fn parity_len(&self) -> usize {
-        PARITY_INFO_LEN + self.shard_bytes
+        PARITY_INFO_LEN
+            + self
+                .outbox
+                .front()
+                .map_or(self.shard_bytes, |(_, s)| s.len())
+    }
+
+    /// Codes the blocks opened from now on with shards of `shard_bytes` (even, at least 4).
+    /// Panics if a block is open: close it first.
+    pub fn set_shard_bytes(&mut self, shard_bytes: usize) {
+        assert_shard_bytes(shard_bytes);
+        assert!(self.open.is_none(), "a block is open");
+        self.shard_bytes = shard_bytes;
+        self.shard.resize(shard_bytes, 0);
+        self.zero.resize(shard_bytes, 0);
     }
 
     /// The open block, if any.
@@ -175,7 +191,7 @@ impl Encoder {
         let (info, shard) = self.outbox.pop_front()?;
         let (head, body) = out.split_at_mut(PARITY_INFO_LEN);
         info.emit(head.try_into().expect("split at the description's length"));
-        body[..self.shard_bytes].copy_from_slice(&shard);
+        body[..shard.len()].copy_from_slice(&shard);
         self.spare.push(shard);
         Some(len)
     }
@@ -187,6 +203,13 @@ impl Encoder {
             self.spare.push(buf);
         }
     }
+}
+
+fn assert_shard_bytes(shard_bytes: usize) {
+    assert!(
+        shard_bytes >= 4 && shard_bytes % 2 == 0,
+        "shard size must be even and at least 4"
+    );
 }
 
 /// The per-group codecs (which do not implement `Debug`).

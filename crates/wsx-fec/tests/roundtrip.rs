@@ -236,3 +236,63 @@ fn parity_for_the_last_packet_numbers_is_harmless() {
         fresh.commit(pn);
     }
 }
+
+/// Path MTU discovery changes the shard size between blocks: blocks of different sizes
+/// rebuild side by side, a decoder that started small grows its slots without losing the
+/// packets it held, and the outbox keeps each shard's own size.
+#[test]
+fn blocks_of_different_shard_sizes_rebuild_side_by_side() {
+    let shape = Shape {
+        k: 4,
+        m: 1,
+        depth: 1,
+    };
+    let sizes = [1200usize, 9000, 1000];
+    let mut encoder = Encoder::new(sizes[0]);
+    let mut packets = Vec::new();
+    let mut first = 100u64;
+    for (b, &shard) in sizes.iter().enumerate() {
+        if b > 0 {
+            encoder.set_shard_bytes(shard);
+        }
+        encoder.open(first, shape);
+        for i in 0..4 {
+            let len = shard - 2 - i * 7;
+            let packet: Vec<u8> = (0..len).map(|j| (j * 31 + i + b) as u8).collect();
+            encoder.add(first + i as u64, &packet);
+            packets.push((first + i as u64, packet));
+        }
+        encoder.close(|_| 1).unwrap();
+        first += 4;
+    }
+    // The parity waits in the outbox with the size of its block.
+    let mut parity = Vec::new();
+    let mut out = vec![0; 9000 + PARITY_INFO_LEN];
+    for &shard in &sizes {
+        assert_eq!(encoder.parity_len(), PARITY_INFO_LEN + shard);
+        let len = encoder.pop_parity(&mut out).unwrap();
+        let info = ParityInfo::parse(&out[..len]).unwrap();
+        parity.push((info, out[PARITY_INFO_LEN..len].to_vec()));
+    }
+    // Lose the second packet of every block; deliver all data first (the 9000-byte block
+    // grows the slots while the first block's packets are held), then the parity.
+    let mut decoder = Decoder::new(1000);
+    for (pn, packet) in &packets {
+        if (pn - 100) % 4 != 1 {
+            decoder.stage(*pn, packet);
+            decoder.commit(*pn);
+        }
+    }
+    for (info, shard) in &parity {
+        decoder.on_parity(*info, shard);
+    }
+    let mut buf = vec![0; 9000];
+    let mut rebuilt = Vec::new();
+    while let Some((pn, len)) = decoder.pop_recovered(&mut buf) {
+        let original = &packets.iter().find(|(p, _)| *p == pn).unwrap().1;
+        assert_eq!(&buf[..len], &original[..], "packet {pn}");
+        rebuilt.push(pn);
+    }
+    assert_eq!(rebuilt, [101, 105, 109]);
+    assert_eq!(decoder.stats().unrecoverable, 0);
+}

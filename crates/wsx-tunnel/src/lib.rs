@@ -56,15 +56,15 @@ pub mod testing;
 mod tests;
 mod wire;
 
-pub use config::{EndpointConfig, FecMode, TransportConfig};
+pub use config::{EndpointConfig, FecMode, MAX_DATAGRAM, TransportConfig};
 pub use congestion::{
     Adaptive, AdaptiveConfig, CongestionControl, Controller, ControllerState, LossVerdict, NewReno,
     NewRenoConfig, PathHint,
 };
 pub use connection::{
-    CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, CLOSE_REPLACED, Connection, ConnectionError,
-    ConnectionStats, ControlError, Event, FecStats, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES,
-    Transmit, TransportError,
+    CLOSE_PROTOCOL_VIOLATION, CLOSE_REPLACED, Connection, ConnectionError, ConnectionStats,
+    ControlError, Event, FecStats, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES, MtuStats, Transmit,
+    TransportError,
 };
 pub use crypto::{
     KEY_LEN, KEY_UPDATE_INTERVAL, KEY_UPDATE_PACKETS, KeyError, PublicKey, SecretKey,

@@ -146,13 +146,12 @@ impl Inner {
                         debug!("no answer to the handshake; the peer's own tunnel is up");
                     } else {
                         failures += 1;
-                        // The initiation is as long as a data packet: a path with a smaller
-                        // MTU drops it, which looks like this.
+                        // The initiation is padded to 1,200 bytes: a path that does not
+                        // carry that drops it, which looks like this.
                         log_failure(
                             failures,
                             "no answer to the handshake (is the peer running, does it know our \
-                             key, and does the path carry datagrams of the tunnel's \
-                             max_datagram?)",
+                             key, and does the path carry 1,200-byte UDP datagrams?)",
                             endpoint,
                         );
                     }

@@ -453,6 +453,10 @@ impl Controller for Adaptive {
         }
     }
 
+    fn on_max_datagram(&mut self, max_datagram: u64) {
+        self.max_datagram = max_datagram;
+    }
+
     fn path_hint(&self) -> Option<PathHint> {
         (self.phase == Phase::Optimal && self.bottleneck.get() > 0).then(|| PathHint {
             rate: self.bottleneck.get(),

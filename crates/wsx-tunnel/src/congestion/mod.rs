@@ -43,6 +43,9 @@ pub trait Controller: Send + fmt::Debug {
     /// path may have changed entirely.
     fn on_persistent_congestion(&mut self, now: Instant);
 
+    /// Path MTU discovery changed the size of the packets sent (bytes of UDP payload).
+    fn on_max_datagram(&mut self, _max_datagram: u64) {}
+
     /// The most bytes that may be in flight.
     fn window(&self) -> u64;
 
@@ -82,7 +85,8 @@ pub trait ControllerFactory: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct PathParams {
-    /// The largest UDP payload the connection sends.
+    /// The largest UDP payload the connection sends at the start (path MTU discovery may
+    /// change it: [`Controller::on_max_datagram`]).
     pub max_datagram: u64,
     /// The RTT measured by the handshake.
     pub initial_rtt: Duration,

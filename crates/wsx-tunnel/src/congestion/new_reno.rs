@@ -132,6 +132,10 @@ impl Controller for NewReno {
         }
     }
 
+    fn on_max_datagram(&mut self, max_datagram: u64) {
+        self.max_datagram = max_datagram;
+    }
+
     fn path_hint(&self) -> Option<PathHint> {
         None
     }

@@ -8,10 +8,6 @@ use std::fmt;
 /// below are the application's (`Tunnel::close`).
 pub const CLOSE_PROTOCOL_VIOLATION: u64 = 0x100;
 
-/// Close code for a path that stopped carrying full-size packets
-/// ([`ConnectionError::PathBlackHole`]).
-pub const CLOSE_PATH_BLACK_HOLE: u64 = 0x101;
-
 /// Close code for a connection the peer replaced with a newer one
 /// ([`ConnectionError::Replaced`] on the side that replaced it).
 pub const CLOSE_REPLACED: u64 = 0x102;
@@ -38,10 +34,6 @@ pub enum ConnectionError {
     /// A newer handshake from the same peer replaced this connection.
     #[error("replaced by a newer connection from the same peer")]
     Replaced,
-    /// Full-size packets stopped getting through while the peer was still heard: the path
-    /// most likely no longer carries `max_datagram`-sized datagrams (its MTU shrank).
-    #[error("full-size packets are not getting through (path MTU below max_datagram?)")]
-    PathBlackHole,
 }
 
 /// A violation of the protocol by the peer: what closes the connection with

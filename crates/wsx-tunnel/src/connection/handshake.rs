@@ -9,6 +9,7 @@
 //!   response, which becomes the new connection's first datagram ([`Accepted`]).
 
 use super::error::TransportError;
+use super::mtu::BASE_DATAGRAM;
 use super::params::{self, ParamsError, TransportParams};
 use crate::config::TransportConfig;
 use crate::crypto::{self, HandshakeError, Keys, PublicKey, SecretKey};
@@ -89,8 +90,9 @@ impl Initiation {
             return Ok(None);
         }
         // Payload: the wall-clock timestamp (replay protection), then our parameters, then
-        // zeros to make the initiation as long as our data packets will be.
-        let padded = usize::from(config.max_datagram)
+        // zeros to make the initiation as long as the base datagram size, which every path
+        // must carry (path MTU discovery looks for more once the connection is up).
+        let padded = usize::from(BASE_DATAGRAM.min(config.max_datagram))
             .saturating_sub(INITIATION_HEADER_LEN + crypto::INITIATION_OVERHEAD);
         let mut payload = vec![0u8; padded.max(8 + params::MAX_LEN)];
         let mut w = Writer::new(&mut payload);
@@ -226,15 +228,17 @@ impl Incoming {
     }
 
     /// Writes the response for a connection with id `local_id`. It is padded like the
-    /// initiation, to the initiation's length or our own datagram size if smaller (never
-    /// larger than the request): a path that cannot carry our data packets back fails the
-    /// handshake too.
+    /// initiation, to the initiation's length or the base datagram size if smaller (never
+    /// larger than the request, so the handshake amplifies nothing): a path that cannot carry
+    /// base-size datagrams back fails the handshake too.
     pub(crate) fn respond(
         self,
         config: &TransportConfig,
         local_id: u32,
     ) -> Result<Accepted, HandshakeError> {
-        let target = self.request_len.min(usize::from(config.max_datagram));
+        let target = self
+            .request_len
+            .min(usize::from(BASE_DATAGRAM.min(config.max_datagram)));
         let padded = target.saturating_sub(RESPONSE_HEADER_LEN + crypto::RESPONSE_OVERHEAD);
         let mut payload = vec![0u8; padded.max(4 + params::MAX_LEN)];
         let payload_len = {
@@ -298,7 +302,7 @@ mod tests {
     /// An initiation from `a` to `b` and back: both sides end with keys, the responder learns
     /// the initiator's id and key, the initiator the responder's id and an RTT sample.
     #[test]
-    fn initiation_and_response_agree_and_are_padded_to_the_datagram_size() {
+    fn initiation_and_response_agree_and_are_padded_to_the_base_datagram_size() {
         let t0 = crate::test_epoch();
         let (a, b) = (SecretKey::generate(), SecretKey::generate());
         let mut init = Initiation::new(a.clone(), t0, Duration::from_secs(1_700_000_000));
@@ -307,7 +311,11 @@ mod tests {
             .write(t0, &config(1400), 7, &b.public_key(), &mut buf)
             .unwrap()
             .expect("due at once");
-        assert_eq!(n, 1400, "padded to max_datagram");
+        assert_eq!(
+            n,
+            usize::from(BASE_DATAGRAM),
+            "padded to the base size, not max_datagram"
+        );
         assert_eq!(
             init.write(t0, &config(1400), 7, &b.public_key(), &mut buf)
                 .unwrap(),
@@ -317,9 +325,9 @@ mod tests {
 
         let incoming = Incoming::read(&b, &buf[..n]).unwrap();
         assert_eq!((incoming.peer, incoming.sender), (a.public_key(), 7));
-        // The responder's own datagram is smaller: the response follows it, not the request.
+        // As long as the request, whatever the responder's own max_datagram.
         let mut accepted = incoming.respond(&config(1300), 9).unwrap();
-        assert_eq!(accepted.response.len(), 1300);
+        assert_eq!(accepted.response.len(), usize::from(BASE_DATAGRAM));
         assert_eq!(accepted.remote_id, 7);
 
         let t1 = t0 + Duration::from_millis(40);

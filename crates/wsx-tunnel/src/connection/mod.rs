@@ -11,7 +11,8 @@
 //! | room | holds |
 //! |---|---|
 //! | `handshake.rs` | both sides of the Noise IK handshake and its padding |
-//! | `recovery.rs` | sent packets, in flight, loss and probe timeouts, black holes; the congestion controller and the FEC sender |
+//! | `recovery.rs` | sent packets, in flight, loss and probe timeouts, black holes; the congestion controller, the FEC sender and the path MTU search |
+//! | `mtu.rs` | path MTU discovery: the datagram size, probes, the fallback after a black hole |
 //! | `ack.rs` | received packet numbers and when an ACK is due |
 //! | `control.rs` | the reliable, ordered control channel |
 //! | `fec/` | forward error correction, sending and receiving halves |
@@ -25,6 +26,7 @@ mod control;
 mod error;
 mod fec;
 mod handshake;
+mod mtu;
 pub(crate) mod params;
 mod receive;
 mod recovery;
@@ -46,16 +48,15 @@ use crate::wire::{StreamId, StreamMeta};
 use ack::AckState;
 use control::ControlChannel;
 pub use control::{ControlError, MAX_CONTROL_LEN, MAX_CONTROL_MESSAGES};
-pub use error::{
-    CLOSE_PATH_BLACK_HOLE, CLOSE_PROTOCOL_VIOLATION, CLOSE_REPLACED, ConnectionError,
-    TransportError,
-};
+pub use error::{CLOSE_PROTOCOL_VIOLATION, CLOSE_REPLACED, ConnectionError, TransportError};
 pub use fec::FecStats;
 use fec::{FecReceiver, FecSender};
 use handshake::Initiation;
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use handshake::parse_initiation_payload;
 pub(crate) use handshake::{Accepted, Incoming, Rejected};
+pub use mtu::MtuStats;
+pub(crate) use mtu::{BASE_DATAGRAM, PathMtu};
 use params::TransportParams;
 use recovery::{FrameOutcome, Recovery, SentFrame, Timeout};
 pub use stats::ConnectionStats;
@@ -177,7 +178,11 @@ impl Connection {
         };
         Self {
             streams: Streams::new(initiator, limits, no_credit),
-            recovery: Recovery::new(setup.now, config.max_ack_delay),
+            recovery: Recovery::new(
+                setup.now,
+                config.max_ack_delay,
+                PathMtu::new(config.max_datagram, setup.remote.is_ipv6()),
+            ),
             acks: AckState::new(config.ack_every, config.max_ack_delay),
             config,
             state,
@@ -233,10 +238,11 @@ impl Connection {
             stream_window: params.stream_window,
             connection_window: params.connection_window,
         });
-        let max_datagram = self.max_datagram();
-        let fec = FecSender::new(&self.config, max_datagram);
+        let cap = self.datagram_cap();
+        self.recovery.mtu.set_cap(cap as u16);
+        let fec = FecSender::new(&self.config, self.max_datagram());
         self.recovery.on_peer_params(params.max_ack_delay, fec);
-        self.fec_receiver = Some(Box::new(FecReceiver::new(max_datagram)));
+        self.fec_receiver = Some(Box::new(FecReceiver::new(usize::from(BASE_DATAGRAM))));
     }
 
     fn become_established(&mut self, now: Instant) {
@@ -258,6 +264,7 @@ impl Connection {
             hint: stated.or(self.hint),
         };
         self.recovery.start(now, &self.config.congestion, params);
+        self.recovery.mtu.start(now);
         self.events.push_back(Event::Connected);
         // The initiator's first data packet confirms the keys to the responder.
         self.ping_pending = true;
@@ -295,9 +302,26 @@ impl Connection {
         self.streams.set_scheduler(scheduler);
     }
 
+    /// The size packets are built to now (path MTU probes aside).
     fn max_datagram(&self) -> usize {
+        usize::from(self.recovery.mtu.current())
+    }
+
+    /// The largest datagram either side allows: the most a peer's packet can be, and the
+    /// most path MTU discovery tries.
+    fn datagram_cap(&self) -> usize {
         let peer = self.peer_params.map_or(u64::MAX, |p| p.max_datagram);
         u64::from(self.config.max_datagram).min(peer) as usize
+    }
+
+    /// Path MTU discovery moved the datagram size: FEC codes the next block for it, and the
+    /// controller counts its minimum window in it.
+    fn apply_datagram_size(&mut self) {
+        let Some(size) = self.recovery.mtu.take_change() else {
+            return;
+        };
+        tracing::debug!(size, "datagram size");
+        self.recovery.on_datagram_size(usize::from(size));
     }
 
     fn idle_timeout(&self) -> Duration {
@@ -368,6 +392,8 @@ impl Connection {
             send_unsent: self.streams.send_unsent(),
             send_budget: self.recovery.send_budget(),
             receive_buffered: self.streams.receive_buffered(),
+            datagram_size: self.recovery.mtu.current(),
+            mtu: self.recovery.mtu.stats(),
             ..self.stats
         }
     }
@@ -615,15 +641,6 @@ impl Connection {
                     match self.recovery.on_timeout(now, self.last_heard, &mut frames) {
                         Timeout::Detected => {}
                         Timeout::Probe => self.ping_pending = true,
-                        Timeout::BlackHole => {
-                            tracing::warn!(
-                                max_datagram = self.max_datagram(),
-                                "full-size packets are not getting through; closing"
-                            );
-                            let error = ConnectionError::PathBlackHole;
-                            self.close_with(now, CLOSE_PATH_BLACK_HOLE, b"path black hole", error);
-                            return;
-                        }
                     }
                 }
                 Timer::KeepAlive => self.ping_pending = true,

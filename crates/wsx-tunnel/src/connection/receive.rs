@@ -216,7 +216,7 @@ impl Connection {
     /// authenticate.
     fn handle_recovered(&mut self, now: Instant) {
         let mut buf = std::mem::take(&mut self.recovered_buf);
-        buf.resize(self.max_datagram(), 0);
+        buf.resize(self.datagram_cap(), 0);
         let local_id = self.local_id;
         while let Some((pn, len)) = self
             .fec_receiver

@@ -1,6 +1,7 @@
 //! What a connection counts.
 
 use super::fec::FecStats;
+use super::mtu::MtuStats;
 use crate::congestion::ControllerState;
 use std::time::Duration;
 
@@ -43,6 +44,11 @@ pub struct ConnectionStats {
     pub send_budget: u64,
     /// Bytes received on all streams and not yet read by the application (holes included).
     pub receive_buffered: u64,
+    /// The UDP payload size packets are built to now: what path MTU discovery found the path
+    /// carries, within `max_datagram` (IP and UDP headers come on top).
+    pub datagram_size: u16,
+    /// Path MTU discovery's probes and black holes.
+    pub mtu: MtuStats,
 }
 
 impl ConnectionStats {

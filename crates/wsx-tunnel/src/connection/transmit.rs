@@ -2,10 +2,10 @@
 //! GSO send, as many as the pacer, the congestion window and the burst limit allow. Frames
 //! go in this order: RECOVERED and ACK (when one is due), stream credit and resets, control
 //! messages, stream data chosen by the scheduler, PING. ACKs ride on data packets when
-//! possible.
+//! possible. A path MTU probe leaves alone, as a send of its own.
 
 use super::recovery::SentFrame;
-use super::{Connection, State};
+use super::{BASE_DATAGRAM, Connection, State};
 use crate::crypto::TAG_LEN;
 use crate::pacing::Pacer;
 use crate::streams::BurstMark;
@@ -30,6 +30,10 @@ pub struct Transmit {
     pub dscp: u8,
 }
 
+/// The most one send carries: GSO cuts one UDP datagram's worth (65,507 bytes, IPv4's
+/// largest UDP payload) into segments.
+const MAX_SEND_BYTES: usize = 65_507;
+
 /// Leftover room in a packet below which it is padded to full size, so that a burst's packets
 /// stay equal-sized for GSO.
 const PAD_BELOW: usize = 32;
@@ -38,7 +42,7 @@ impl Connection {
     /// Builds the next datagrams to send into `buf`, if any are due. `buf` should hold
     /// [`TransportConfig::max_burst_packets`](crate::TransportConfig::max_burst_packets)
     /// datagrams of [`TransportConfig::max_datagram`](crate::TransportConfig::max_datagram)
-    /// bytes; fewer are built when it is smaller.
+    /// bytes (the most path MTU discovery tries); fewer are built when it is smaller.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         match &mut self.state {
             State::Drained | State::Draining { .. } => None,
@@ -78,6 +82,7 @@ impl Connection {
         self.recovery.fec.as_ref().is_some_and(|f| f.has_parity())
             || self.ping_pending
             || self.recovery.probes() > 0
+            || self.recovery.mtu.wants_probe()
             || self.control.has_queued()
             || self.streams.has_pending()
     }
@@ -159,6 +164,7 @@ impl Connection {
         let other = self.recovery.fec.as_ref().is_some_and(|f| f.has_parity())
             || self.ping_pending
             || self.recovery.probes() > 0
+            || self.recovery.mtu.wants_probe()
             || self.control.has_queued()
             || self.streams.has_control_pending();
         if other {
@@ -185,8 +191,18 @@ impl Connection {
     }
 
     fn transmit_packets(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        let max = self.max_datagram();
-        let slots = self.config.max_burst_packets.min(buf.len() / max);
+        self.apply_datagram_size();
+        // Full-size packets go unanswered: build small ones, whose acknowledgement shows a
+        // black hole (and which get data through it).
+        let max = if self.recovery.suspects_black_hole(now) {
+            usize::from(BASE_DATAGRAM)
+        } else {
+            self.max_datagram()
+        };
+        let slots = self
+            .config
+            .max_burst_packets
+            .min(buf.len().min(MAX_SEND_BYTES) / max);
         if slots == 0 {
             return None;
         }
@@ -194,6 +210,9 @@ impl Connection {
         if has_parity && self.pacer.delay(now).is_none() {
             // Parity first: it repairs packets already on their way.
             return self.transmit_parity(now, buf);
+        }
+        if let Some(transmit) = self.transmit_mtu_probe(now, buf) {
+            return Some(transmit);
         }
         let ack_due = self.acks.is_due(now);
         let probing = self.recovery.probes() > 0;
@@ -217,7 +236,7 @@ impl Connection {
             (data_packets > 0 || f.is_open()) && f.protect_next(now, next_pn, srtt)
         });
         let cap = match &self.recovery.fec {
-            Some(f) if batch_protected => f.max_protected(),
+            Some(f) if batch_protected => f.max_protected().min(max),
             _ => max,
         };
         let (mut size, mut segment, mut count, mut eliciting_bytes) = (0, 0, 0, 0);
@@ -293,12 +312,19 @@ impl Connection {
     /// the delivery rate sees the whole wire.
     fn transmit_parity(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let len = self.recovery.fec.as_ref()?.parity_packet_len();
-        let slots = self.config.max_burst_packets.min(buf.len() / len);
+        let slots = self
+            .config
+            .max_burst_packets
+            .min(buf.len().min(MAX_SEND_BYTES) / len);
         let rate = self.recovery.pacing_rate(self.config.max_rate);
         let burst = Pacer::burst_bytes(rate, 2 * len as u64, (slots * len) as u64);
         let packets = (burst.div_ceil(len as u64) as usize).clamp(1, slots.max(1));
         let (mut size, mut count) = (0, 0);
         while count < packets && size + len <= buf.len() {
+            if self.recovery.fec.as_ref()?.parity_packet_len() != len {
+                // The next block was coded for another datagram size: a send of its own.
+                break;
+            }
             let out = &mut buf[size..size + len];
             let parity = Header::Parity {
                 receiver: self.remote_id,
@@ -327,6 +353,30 @@ impl Connection {
             departure,
             dscp: 0,
         })
+    }
+
+    /// A path MTU probe, if one is due: a PING padded to the size tried, alone in its
+    /// datagram, outside the window and the pacer (see `mtu.rs`). An open FEC block is coded
+    /// first (blocks are runs of consecutive packets, which the probe would break).
+    fn transmit_mtu_probe(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let size = usize::from(self.recovery.mtu.probe_due(now)?);
+        if size > buf.len() {
+            return None;
+        }
+        if let Some(fec) = &mut self.recovery.fec {
+            fec.close_block();
+        }
+        let payload_len = {
+            let mut w = Writer::new(&mut buf[DATA_HEADER_LEN..size - TAG_LEN]);
+            Frame::Ping.encode(&mut w);
+            let pad = w.remaining();
+            w.reserve(pad).fill(0);
+            w.len()
+        };
+        let number = self.recovery.next_pn();
+        let size = self.seal(now, number, buf, payload_len, false);
+        self.recovery.on_mtu_probe_sent(now, size);
+        Some(self.single_datagram(now, size))
     }
 
     /// Builds one packet into `out`; returns its size and whether it is ack-eliciting.

@@ -14,9 +14,9 @@ use tokio::net::UdpSocket;
 /// without the kernel dropping datagrams that already crossed the WAN.
 pub const SOCKET_BUFFER: usize = 8 << 20;
 
-/// Largest datagram accepted from a peer. Peers send at most their `max_datagram`, which is
-/// at most 1452 bytes (IPv6 on a 1500-byte MTU) in any sane configuration; this leaves room.
-pub(super) const MAX_RECEIVE_DATAGRAM: usize = 2048;
+/// Largest datagram accepted from a peer: peers send at most the `max_datagram` we declare,
+/// which is at most [`crate::config::MAX_DATAGRAM`].
+pub(super) const MAX_RECEIVE_DATAGRAM: usize = crate::config::MAX_DATAGRAM as usize;
 
 /// A bound, non-blocking UDP socket. An unspecified IPv6 address accepts IPv4 as well.
 pub(super) fn bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {

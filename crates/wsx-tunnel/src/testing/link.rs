@@ -27,12 +27,17 @@ pub struct LinkConfig {
     /// Probability that one byte of a datagram is flipped.
     pub corrupt: f64,
     /// Datagrams longer than this are dropped: a path whose MTU is below them, with
-    /// don't-fragment set (`None`: no limit).
+    /// don't-fragment set (`None`: no limit). [`LinkConfig::new`] makes it an Ethernet path
+    /// for the simulation's IPv6 addresses: a 1500-byte MTU, 1,452 bytes of UDP payload.
     pub max_datagram: Option<usize>,
 }
 
+/// The UDP payload a 1500-byte MTU carries over IPv6.
+const ETHERNET_IPV6_DATAGRAM: usize = 1452;
+
 impl LinkConfig {
-    /// A clean link: `rtt / 2` delay, `rate_mbit` bottleneck and one BDP of queue.
+    /// A clean link: `rtt / 2` delay, `rate_mbit` bottleneck and one BDP of queue, over
+    /// Ethernet (see `max_datagram`).
     pub fn new(rtt: Duration, rate_mbit: u64) -> Self {
         let rate = rate_mbit * 1_000_000 / 8;
         Self {
@@ -45,7 +50,7 @@ impl LinkConfig {
             reorder_delay: Duration::ZERO,
             duplicate: 0.0,
             corrupt: 0.0,
-            max_datagram: None,
+            max_datagram: Some(ETHERNET_IPV6_DATAGRAM),
         }
     }
 

@@ -53,11 +53,12 @@ fn one_percent_random_loss_is_repaired_without_retransmission() {
         rebuilt.abs_diff(recovered) <= in_flight,
         "{rebuilt} rebuilt, {recovered} reported, {in_flight} may be in flight"
     );
-    // The receiver holds copies and parity within bounds: 2,048 shard slots (2.8 MB), plus
-    // the parity of the blocks still open (measured: 15 KB here).
+    // The receiver holds copies and parity within bounds: 2,048 slots of the largest
+    // protected packet (1,452-byte datagrams: 3 MB), plus the parity of the blocks still
+    // open (measured: 15 KB here).
     let held = r1.fec.decoder_bytes;
     assert!(
-        held > 0 && held <= 2048 * 1400 + 64 * 1024,
+        held > 0 && held <= 2048 * 1452 + 64 * 1024,
         "decoder holds {held} bytes"
     );
     let parity = s1.fec.parity_sent - s0.fec.parity_sent;

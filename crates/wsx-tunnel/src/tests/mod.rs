@@ -2,5 +2,6 @@
 //! time. They assert counts and invariants, never wall-clock time.
 
 mod fec;
+mod mtu;
 mod security;
 mod simulation;

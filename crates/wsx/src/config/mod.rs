@@ -66,7 +66,8 @@ pub(crate) struct Tunnel {
     pub(crate) private_key_file: Option<PathBuf>,
     /// The contracted WAN rate, Mbit/s: the tunnel never sends faster.
     pub(crate) max_rate_mbit: Option<f64>,
-    /// The largest UDP payload the tunnel sends, bytes (1200-65527; default 1400).
+    /// The largest UDP payload the tunnel sends or accepts, bytes (1200-9216; default 9000):
+    /// a cap on path MTU discovery.
     pub(crate) max_datagram: Option<u16>,
 }
 
@@ -278,10 +279,10 @@ fn mask_all<S: Serializer>(tokens: &[Spanned<String>], s: S) -> Result<S::Ok, S:
     s.collect_seq(tokens.iter().map(|_| "<secret>"))
 }
 
-/// Bounds of `tunnel.max_datagram`: a peer refuses a smaller declared size, and a UDP
-/// payload cannot be larger.
+/// Bounds of `tunnel.max_datagram`: a peer refuses a smaller declared size, and the tunnel
+/// receives no larger datagram.
 const MIN_DATAGRAM: u16 = 1200;
-const MAX_DATAGRAM: u16 = 65_527;
+const MAX_DATAGRAM: u16 = wsx_tunnel::MAX_DATAGRAM;
 
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([0u16; 8], 4500))
@@ -984,7 +985,7 @@ fec = "off"
         let text = format!("[tunnel]\nprivate_key = \"{KEY_A}\"\nmax_datagram = 1000\n");
         let e = parse(&text).unwrap_err().to_string();
         assert!(
-            e.ends_with("tunnel.max_datagram: must be 1200 to 65527 bytes"),
+            e.ends_with("tunnel.max_datagram: must be 1200 to 9216 bytes"),
             "{e}"
         );
     }

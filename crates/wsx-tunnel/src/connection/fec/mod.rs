@@ -75,9 +75,10 @@ impl FecStats {
     }
 }
 
-/// The shard size of a connection whose datagrams are at most `max_datagram` bytes (both
-/// sides agree on it, so both derive the same shard size): a parity packet is exactly
-/// `max_datagram`, its header, the description, the shard.
+/// The shard size for datagrams of at most `max_datagram` bytes: a parity packet is exactly
+/// `max_datagram`, its header, the description, the shard. The sender codes each block for
+/// the datagram size of the moment (path MTU discovery moves it); the receiver reads a
+/// block's shard size from the length of its parity.
 fn shard_bytes(max_datagram: usize) -> usize {
     (max_datagram - PARITY_HEADER_LEN - PARITY_INFO_LEN) & !1
 }

@@ -68,6 +68,13 @@ impl FecSender {
         }
     }
 
+    /// Packets are built to `max_datagram` bytes from now on: the open block is coded as it
+    /// is (its parity keeps its size) and the next ones fit the new size.
+    pub(in crate::connection) fn set_max_datagram(&mut self, max_datagram: usize) {
+        self.close_block();
+        self.encoder.set_shard_bytes(shard_bytes(max_datagram));
+    }
+
     fn policy(mode: FecMode, max_overhead: f64) -> Policy {
         Policy {
             max_overhead,
@@ -213,7 +220,7 @@ impl FecSender {
         Some((len, owner))
     }
 
-    /// The bytes of a parity packet.
+    /// The bytes of the next parity packet (all parity of a block has one size).
     pub(in crate::connection) fn parity_packet_len(&self) -> usize {
         PARITY_HEADER_LEN + self.encoder.parity_len()
     }

@@ -6,11 +6,13 @@
 //! owner ([`FrameOutcome`]) to be queued again — never the packet itself, whose number is
 //! never reused.
 //!
-//! A path black hole is detected here too: full-size packets that stop being acknowledged
-//! while the peer is still heard from (see [`BLACK_HOLE_AFTER`]).
+//! Path MTU discovery's probes are tracked here with the other packets (their loss is not
+//! congestion), and so are black holes: full-size packets that stop being acknowledged while
+//! smaller ones get through. Either falls back to the base datagram size ([`PathMtu`]).
 
 use super::error::TransportError;
 use super::fec::{FecSender, Repair};
+use super::mtu::{BASE_DATAGRAM, PathMtu};
 use crate::congestion::{
     AckEvent, CongestionControl, Controller, ControllerState, DeliveryRate, LossEvent, LossVerdict,
     LostPacket, PacketSnapshot, PathHint, PathParams,
@@ -30,14 +32,13 @@ const TIME_THRESHOLD_DEN: u32 = 8;
 /// Consecutive probe timeouts taken as persistent congestion (RFC 9002 §7.6 uses a duration
 /// of three PTOs; three backed-off PTOs in a row is a longer silence than that).
 const PERSISTENT_CONGESTION_PTOS: u32 = 3;
-/// Packets up to this size are taken to fit any path: the smallest `max_datagram` a peer may
-/// declare. Larger ones are watched for a black hole.
-pub(super) const BASE_DATAGRAM: u16 = 1200;
-/// A black hole is declared when no larger packet was acknowledged for this long...
-const BLACK_HOLE_AFTER: Duration = Duration::from_secs(3);
-/// ...while at least this many were sent (random loss, even heavy, does not lose them all)...
+/// Packets larger than [`BASE_DATAGRAM`] are watched for a black hole, which is declared when
+/// at least this many were sent since the last one was acknowledged (random loss, even
+/// heavy, does not lose them all) and either a smaller packet sent after the first of them
+/// was acknowledged, or, failing that, none was for [`BLACK_HOLE_AFTER`] while the peer was
+/// heard from.
 const BLACK_HOLE_PACKETS: u32 = 8;
-// ...and the peer was heard from after the first of them left.
+const BLACK_HOLE_AFTER: Duration = Duration::from_secs(3);
 /// Frame lists kept for reuse, so that sending a packet allocates nothing.
 const SPARE_FRAME_LISTS: usize = 1024;
 /// The least the streams may queue for sending, whatever the window: enough for a fresh
@@ -67,6 +68,8 @@ struct SentPacket {
     /// The peer rebuilt it from parity: acknowledged, but lost on the path.
     recovered: bool,
     eliciting: bool,
+    /// A path MTU probe: padding only, and its loss is not congestion.
+    mtu_probe: bool,
     snapshot: PacketSnapshot,
     frames: Vec<SentFrame>,
 }
@@ -85,8 +88,6 @@ pub(super) enum Timeout {
     Detected,
     /// A probe timeout: up to two probes should be sent.
     Probe,
-    /// Full-size packets stopped getting through: close the connection.
-    BlackHole,
 }
 
 /// Counters of recovery, for [`ConnectionStats`](super::ConnectionStats).
@@ -112,6 +113,8 @@ pub(super) struct Recovery {
     /// Probe packets still to send after a probe timeout.
     probes: u32,
     large_unacked: Option<LargeUnacked>,
+    /// The path MTU search and the size packets are built to.
+    pub(super) mtu: PathMtu,
     peer_max_ack_delay: Duration,
     rtt: RttEstimator,
     delivery: DeliveryRate,
@@ -127,7 +130,7 @@ pub(super) struct Recovery {
 
 impl Recovery {
     /// Until the peer's parameters arrive, its ACK delay is taken to be `max_ack_delay`.
-    pub(super) fn new(now: Instant, max_ack_delay: Duration) -> Self {
+    pub(super) fn new(now: Instant, max_ack_delay: Duration, mtu: PathMtu) -> Self {
         Self {
             next_pn: 0,
             sent: VecDeque::new(),
@@ -140,6 +143,7 @@ impl Recovery {
             last_eliciting_sent: None,
             probes: 0,
             large_unacked: None,
+            mtu,
             peer_max_ack_delay: max_ack_delay,
             rtt: RttEstimator::new(INITIAL_RTT),
             delivery: DeliveryRate::new(now),
@@ -235,6 +239,15 @@ impl Recovery {
         self.probes
     }
 
+    /// Whether full-size packets are going unacknowledged in numbers, for longer than an
+    /// acknowledgement takes: packets are then built to the base size, so that their
+    /// acknowledgement tells a black hole from a path that is down (and their data gets
+    /// through it).
+    pub(super) fn suspects_black_hole(&self, now: Instant) -> bool {
+        self.large_unacked
+            .is_some_and(|l| l.sent >= BLACK_HOLE_PACKETS && now >= l.since + self.rtt.pto_base())
+    }
+
     pub(super) fn on_probes_sent(&mut self, count: u32) {
         self.probes = self.probes.saturating_sub(count);
     }
@@ -271,6 +284,25 @@ impl Recovery {
         eliciting: bool,
         frames: Vec<SentFrame>,
     ) {
+        self.record_sent(now, size, eliciting, false, frames);
+    }
+
+    /// Records packet `next_pn` as sent: a path MTU probe of `size` bytes. It elicits an
+    /// ACK, but counts neither in flight nor toward a probe timeout (see `mtu.rs`).
+    pub(super) fn on_mtu_probe_sent(&mut self, now: Instant, size: usize) {
+        self.mtu.on_probe_sent(size as u16);
+        let frames = self.frame_list();
+        self.record_sent(now, size, false, true, frames);
+    }
+
+    fn record_sent(
+        &mut self,
+        now: Instant,
+        size: usize,
+        eliciting: bool,
+        mtu_probe: bool,
+        frames: Vec<SentFrame>,
+    ) {
         let snapshot = self.delivery.on_sent(now, self.in_flight);
         if eliciting {
             if size > usize::from(BASE_DATAGRAM) {
@@ -298,10 +330,22 @@ impl Recovery {
             parity_bytes: 0,
             recovered: false,
             eliciting,
+            mtu_probe,
             snapshot,
             frames,
         }));
         self.next_pn += 1;
+    }
+
+    /// Packets are built to `size` bytes from now on (path MTU discovery): FEC closes its
+    /// block and codes the next ones for it; the controller counts its minimum window in it.
+    pub(super) fn on_datagram_size(&mut self, size: usize) {
+        if let Some(fec) = &mut self.fec {
+            fec.set_max_datagram(size);
+        }
+        if let Some(c) = &mut self.controller {
+            c.on_max_datagram(size as u64);
+        }
     }
 
     /// A parity packet of `len` bytes left for the block ending with packet `owner`: its
@@ -356,6 +400,12 @@ impl Recovery {
         }
         let acked = self.take_acked(now, ack, frames);
         self.trim_sent();
+        let unanswered = self
+            .large_unacked
+            .is_some_and(|l| l.sent >= BLACK_HOLE_PACKETS);
+        if acked.small_after_large && unanswered {
+            self.on_black_hole(now);
+        }
         if acked.packets == 0 {
             return Ok(());
         }
@@ -419,8 +469,13 @@ impl Recovery {
                     acked.rtt_sample = Some(now.saturating_duration_since(packet.time));
                 }
                 acked.packets += 1;
-                if packet.size > BASE_DATAGRAM {
+                if packet.mtu_probe {
+                    self.mtu.on_probe_acked(now, packet.size);
+                } else if packet.size > BASE_DATAGRAM {
                     self.large_unacked = None;
+                } else if packet.eliciting {
+                    acked.small_after_large |=
+                        self.large_unacked.is_some_and(|l| packet.time > l.since);
                 }
                 let bytes = u64::from(packet.size) + u64::from(packet.parity_bytes);
                 acked.bytes += bytes;
@@ -431,7 +486,7 @@ impl Recovery {
                     self.delivery
                         .on_acked(now, bytes, packet.time, &packet.snapshot);
                 }
-                if let Some(fec) = &mut self.fec {
+                if let Some(fec) = self.fec.as_mut().filter(|_| !packet.mtu_probe) {
                     fec.on_outcome(pn, packet.recovered);
                     if packet.recovered {
                         fec.on_peer_recovered();
@@ -492,9 +547,21 @@ impl Recovery {
             Timeout::Probe
         };
         if self.is_black_hole(now, last_heard) {
-            return Timeout::BlackHole;
+            self.on_black_hole(now);
         }
         outcome
+    }
+
+    /// Full-size packets stopped getting through: every packet is built to the base size
+    /// until the search finds what the path carries now. Those in flight that no longer fit
+    /// are lost to the path, not to congestion (see [`Self::on_packet_lost`]).
+    fn on_black_hole(&mut self, now: Instant) {
+        tracing::debug!(
+            size = self.mtu.current(),
+            "full-size packets stopped getting through"
+        );
+        self.large_unacked = None;
+        self.mtu.on_black_hole(now);
     }
 
     /// The peer is heard again after a silence (the link was down): full-size packets
@@ -551,7 +618,7 @@ impl Recovery {
             let by_time = lost_before.is_some_and(|t| from_time <= t);
             if by_count || by_time {
                 if let Some(packet) = self.sent[index].take() {
-                    self.on_packet_lost(pn, packet, &mut lost, frames);
+                    self.on_packet_lost(now, pn, packet, &mut lost, frames);
                 }
             } else {
                 let at = from_time + loss_delay;
@@ -585,22 +652,34 @@ impl Recovery {
         self.lost_scratch.clear();
     }
 
+    /// A packet is lost. A path MTU probe, or a packet larger than the path is now known to
+    /// carry, tells nothing of congestion or of the line's loss rate: neither the controller
+    /// nor FEC's loss meter hears of it.
     fn on_packet_lost(
         &mut self,
+        now: Instant,
         number: u64,
         packet: SentPacket,
         lost: &mut Vec<LostPacket>,
         frames: &mut impl FrameOutcome,
     ) {
-        self.stats.packets_lost += 1;
-        self.stats.bytes_lost += u64::from(packet.size);
         self.in_flight -= u64::from(packet.parity_bytes);
-        if let Some(fec) = &mut self.fec {
-            fec.on_outcome(number, true);
-        }
         if packet.eliciting {
             self.in_flight -= u64::from(packet.size);
             self.eliciting_in_flight -= 1;
+        }
+        if packet.mtu_probe {
+            self.mtu.on_probe_lost(now, packet.size);
+            self.recycle(packet.frames);
+            return;
+        }
+        self.stats.packets_lost += 1;
+        self.stats.bytes_lost += u64::from(packet.size);
+        let too_big = packet.size > self.mtu.current();
+        if let Some(fec) = self.fec.as_mut().filter(|_| !too_big) {
+            fec.on_outcome(number, true);
+        }
+        if packet.eliciting && !too_big {
             lost.push(LostPacket {
                 number,
                 bytes: u64::from(packet.size),
@@ -633,6 +712,9 @@ struct Acked {
     /// The round trip of the largest acknowledged, if it was newly acknowledged and elicited
     /// the ACK.
     rtt_sample: Option<Duration>,
+    /// An ack-eliciting packet of at most the base size, sent after the oldest full-size
+    /// packet still unacknowledged.
+    small_after_large: bool,
 }
 
 #[cfg(test)]

@@ -22,8 +22,20 @@ impl FrameOutcome for Outcomes {
     }
 }
 
+/// A path MTU search that settled at 1,400 bytes.
+fn settled_mtu(now: Instant) -> PathMtu {
+    let mut mtu = PathMtu::new(1400, false);
+    mtu.start(now);
+    while let Some(size) = mtu.probe_due(now) {
+        mtu.on_probe_sent(size);
+        mtu.on_probe_acked(now, size);
+    }
+    assert_eq!(mtu.current(), 1400);
+    mtu
+}
+
 fn started(now: Instant) -> Recovery {
-    let mut r = Recovery::new(now, 25 * MS);
+    let mut r = Recovery::new(now, 25 * MS, settled_mtu(now));
     let params = PathParams {
         max_datagram: 1400,
         initial_rtt: INITIAL_RTT,
@@ -128,8 +140,12 @@ fn an_ack_of_an_unsent_packet_is_a_violation() {
     assert!(r.on_recovered_frame(&ack(&[5], 0)).is_err());
 }
 
+fn black_holes(r: &Recovery) -> u64 {
+    r.mtu.stats().black_holes
+}
+
 #[test]
-fn full_size_packets_vanishing_while_the_peer_is_heard_is_a_black_hole() {
+fn full_size_packets_vanishing_while_small_ones_get_through_is_a_black_hole() {
     let t0 = crate::test_epoch();
     let mut r = started(t0);
     let mut out = Outcomes::default();
@@ -149,12 +165,48 @@ fn full_size_packets_vanishing_while_the_peer_is_heard_is_a_black_hole() {
         .collect();
     r.on_ack_frame(t0 + 50 * MS, &ack(&small, 0), &mut out)
         .unwrap();
+    assert_eq!(black_holes(&r), 1);
+    assert_eq!(r.mtu.current(), BASE_DATAGRAM);
+    // The large packets, lost once the time threshold passes, are not congestion.
+    let before = r.controller_state().map(|c| c.losses);
+    r.on_timeout(t0 + 500 * MS, t0 + 500 * MS, &mut out);
+    assert_eq!(r.stats().packets_lost, u64::from(BLACK_HOLE_PACKETS));
+    assert_eq!(r.controller_state().map(|c| c.losses), before);
+}
+
+#[test]
+fn a_few_full_size_packets_lost_before_a_small_one_are_not_a_black_hole() {
+    let t0 = crate::test_epoch();
+    let mut r = started(t0);
+    let mut out = Outcomes::default();
+    for i in 0..BLACK_HOLE_PACKETS - 1 {
+        r.on_packet_sent(t0 + MS * i, 1400, true, Vec::new());
+    }
+    r.on_packet_sent(t0 + 10 * MS, 100, true, Vec::new());
+    let small = u64::from(BLACK_HOLE_PACKETS - 1);
+    r.on_ack_frame(t0 + 50 * MS, &ack(&[small], 0), &mut out)
+        .unwrap();
+    assert_eq!(black_holes(&r), 0);
+    assert_eq!(r.mtu.current(), 1400);
+}
+
+#[test]
+fn full_size_packets_unanswered_while_the_peer_is_heard_is_a_black_hole() {
+    let t0 = crate::test_epoch();
+    let mut r = started(t0);
+    let mut out = Outcomes::default();
+    for i in 0..BLACK_HOLE_PACKETS {
+        r.on_packet_sent(t0 + MS * i, 1400, true, Vec::new());
+    }
     let early = t0 + BLACK_HOLE_AFTER - MS;
-    assert_ne!(r.on_timeout(early, early, &mut out), Timeout::BlackHole);
+    r.on_timeout(early, early, &mut out);
+    assert_eq!(black_holes(&r), 0);
     let late = t0 + BLACK_HOLE_AFTER;
-    assert_eq!(r.on_timeout(late, late, &mut out), Timeout::BlackHole);
     // Unless the peer itself went quiet: then it is silence, not a black hole.
-    assert_ne!(r.on_timeout(late, t0, &mut out), Timeout::BlackHole);
+    r.on_timeout(late, t0, &mut out);
+    assert_eq!(black_holes(&r), 0);
+    r.on_timeout(late, late, &mut out);
+    assert_eq!(black_holes(&r), 1);
 }
 
 #[test]
@@ -168,11 +220,42 @@ fn full_size_packets_lost_in_an_outage_are_not_a_black_hole() {
     // Nothing heard for five seconds; then the link is back and the peer with it.
     let back = t0 + 5 * BLACK_HOLE_AFTER / 3;
     r.on_peer_back(back);
-    assert_ne!(r.on_timeout(back, back, &mut out), Timeout::BlackHole);
+    r.on_timeout(back, back, &mut out);
+    assert_eq!(black_holes(&r), 0);
     // The window starts again: only full-size packets vanishing from now on count.
     for i in 0..BLACK_HOLE_PACKETS {
         r.on_packet_sent(back + MS * i, 1400, true, Vec::new());
     }
     let late = back + BLACK_HOLE_AFTER;
-    assert_eq!(r.on_timeout(late, late, &mut out), Timeout::BlackHole);
+    r.on_timeout(late, late, &mut out);
+    assert_eq!(black_holes(&r), 1);
+}
+
+#[test]
+fn a_lost_mtu_probe_is_neither_congestion_nor_a_loss_of_the_line() {
+    let t0 = crate::test_epoch();
+    let mut r = Recovery::new(t0, 25 * MS, PathMtu::new(9000, false));
+    let params = PathParams {
+        max_datagram: 1200,
+        initial_rtt: INITIAL_RTT,
+        peer_ack_delay: 25 * MS,
+        hint: None,
+    };
+    r.start(t0, &CongestionControl::default(), params);
+    r.mtu.start(t0);
+    let mut out = Outcomes::default();
+    let size = r.mtu.probe_due(t0).unwrap();
+    r.on_mtu_probe_sent(t0, usize::from(size));
+    assert_eq!(r.in_flight(), 0, "probes do not count in flight");
+    for seq in 0..4 {
+        r.on_packet_sent(t0 + MS, 1200, true, vec![SentFrame::Control(seq)]);
+    }
+    r.on_ack_frame(t0 + 100 * MS, &ack(&[1, 2, 3, 4], 0), &mut out)
+        .unwrap();
+    assert_eq!(r.in_flight(), 0);
+    assert_eq!(r.mtu.stats().probes_sent, 1);
+    assert_eq!(r.stats().packets_lost, 0);
+    assert_eq!(r.controller_state().map(|c| c.losses), Some(0));
+    assert!(out.lost.is_empty());
+    assert_eq!(r.mtu.current(), BASE_DATAGRAM);
 }
