@@ -179,6 +179,10 @@ pub(crate) struct BenchArgs {
     /// sends faster.
     #[arg(long)]
     max_rate_mbit: Option<f64>,
+    /// The gateways' `max_datagram` (wsx modes), the cap on path MTU discovery; repeat to
+    /// compare several in one run [default: the gateways' default].
+    #[arg(long)]
+    max_datagram: Vec<u16>,
     /// Instead of bulk transfers, open this many concurrent sessions and hold them (a
     /// number, or "max": as many as the gateways carry); repeat for several counts. Modes:
     /// wsx (intercepting gateways) and direct-cubic (no gateways) [default: both].
@@ -291,6 +295,12 @@ pub(crate) struct GatewayFigures {
     /// The gateways' `max_rate_mbit`, if set.
     #[serde(default)]
     pub(crate) max_rate_mbit: Option<f64>,
+    /// The gateways' `max_datagram`, if set, and the datagram size gw-a's tunnel used at
+    /// the end (path MTU discovery).
+    #[serde(default)]
+    pub(crate) max_datagram: Option<u16>,
+    #[serde(default)]
+    pub(crate) datagram_bytes: u64,
     /// Tunnel packets gw-a sent with data, and those declared lost and sent again.
     pub(crate) packets_sent: u64,
     pub(crate) retransmitted: u64,
@@ -331,6 +341,8 @@ impl GatewayFigures {
             fec: settings.fec,
             compression: settings.compression,
             max_rate_mbit: settings.max_rate_mbit,
+            max_datagram: settings.max_datagram,
+            datagram_bytes: a.datagram_bytes,
             packets_sent: a.data_packets_sent,
             retransmitted: a.packets_lost,
             recovered: a.fec_recovered_by_peer,
@@ -539,6 +551,7 @@ fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
                     compression: !args.no_compression,
                     shape_kbit: None,
                     max_rate_mbit: args.max_rate_mbit,
+                    max_datagram: None,
                 },
             });
         }
@@ -546,6 +559,15 @@ fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
     let binary = crate::build_lab_binary()?;
     wsx_lab::install_signal_cleanup()?;
     crate::exchange::run(&cases, &binary, args.json.as_deref())
+}
+
+/// The `max_datagram` settings asked for (the gateways' default if none).
+fn max_datagrams(args: &BenchArgs) -> Vec<Option<u16>> {
+    if args.max_datagram.is_empty() {
+        vec![None]
+    } else {
+        args.max_datagram.iter().copied().map(Some).collect()
+    }
 }
 
 /// The FEC settings asked for (adaptive if none).
@@ -571,6 +593,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             compression: !args.no_compression,
             shape_kbit: args.shape_mbit.map(|m| (m * 1000.0).round() as u64),
             max_rate_mbit: args.max_rate_mbit,
+            max_datagram: None,
         },
     };
     match args.matrix {
@@ -580,19 +603,23 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             }
             let mut cases = Vec::new();
             for mode in modes {
-                for fec in if mode.is_wsx() {
-                    fecs(args)
+                let (fecs, datagrams) = if mode.is_wsx() {
+                    (fecs(args), max_datagrams(args))
                 } else {
-                    vec![Fec::Adaptive]
-                } {
-                    cases.push(Case {
-                        mode,
-                        gateways: Settings {
-                            fec,
-                            ..base.gateways
-                        },
-                        ..base.clone()
-                    });
+                    (vec![Fec::Adaptive], vec![None])
+                };
+                for fec in fecs {
+                    for &max_datagram in &datagrams {
+                        cases.push(Case {
+                            mode,
+                            gateways: Settings {
+                                fec,
+                                max_datagram,
+                                ..base.gateways
+                            },
+                            ..base.clone()
+                        });
+                    }
                 }
             }
             cases
@@ -1199,8 +1226,10 @@ impl Record {
                 _ => String::new(),
             },
             self.gateways.as_ref().map_or(String::new(), |g| format!(
-                "{}, fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}, loss read {:.2}/{:.2} %, gw-b sent {} data {} ack-only {} parity",
+                "{}, datagrams {} B{}, fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}, loss read {:.2}/{:.2} %, gw-b sent {} data {} ack-only {} parity",
                 g.max_rate_mbit.map_or(String::new(), |m| format!(", max rate {m} Mbit/s")),
+                g.datagram_bytes,
+                g.max_datagram.map_or(String::new(), |d| format!(" (max_datagram {d})")),
                 g.fec.as_str(),
                 g.fec_overhead * 100.0,
                 g.recovered,

@@ -45,6 +45,10 @@ pub(crate) struct Settings {
     /// The tunnel's `max_rate_mbit` on both gateways (the operator's stated WAN rate).
     #[serde(default)]
     pub(crate) max_rate_mbit: Option<f64>,
+    /// The tunnel's `max_datagram` on both gateways (the cap on path MTU discovery), if not
+    /// the default.
+    #[serde(default)]
+    pub(crate) max_datagram: Option<u16>,
 }
 
 impl Default for Settings {
@@ -54,6 +58,7 @@ impl Default for Settings {
             compression: true,
             shape_kbit: None,
             max_rate_mbit: None,
+            max_datagram: None,
         }
     }
 }
@@ -88,6 +93,8 @@ pub(crate) struct Totals {
     /// and the bytes it sent.
     pub(crate) shaper_held_ms: Option<u64>,
     pub(crate) shaper_bytes: Option<u64>,
+    /// The largest datagram size a tunnel was using at the end (path MTU discovery).
+    pub(crate) datagram_bytes: u64,
 }
 
 impl Totals {
@@ -109,6 +116,7 @@ impl Totals {
             totals.fec_unrecoverable_groups += t.fec.unrecoverable_groups;
             totals.plain_sent += peer.compression.plain_sent;
             totals.wire_sent += peer.compression.wire_sent;
+            totals.datagram_bytes = totals.datagram_bytes.max(t.datagram_bytes);
         }
         Ok(totals)
     }
@@ -125,6 +133,8 @@ struct ApiPeer {
 
 #[derive(Debug, Deserialize)]
 struct ApiTunnel {
+    #[serde(default)]
+    datagram_bytes: u64,
     data_packets_sent: u64,
     ack_only_packets_sent: u64,
     packets_lost: u64,
@@ -409,7 +419,10 @@ pub(crate) fn config_text(
 ) -> String {
     let max_rate = settings
         .max_rate_mbit
-        .map_or(String::new(), |m| format!("max_rate_mbit = {m:?}\n"));
+        .map_or(String::new(), |m| format!("max_rate_mbit = {m:?}\n"))
+        + &settings
+            .max_datagram
+            .map_or(String::new(), |d| format!("max_datagram = {d}\n"));
     format!(
         "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n{max_rate}\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
          [[peer]]\nname = \"peer\"\npublic_key = \"{}\"\nendpoint = \"{endpoint}\"\nprefixes = {remote}\n\
@@ -445,6 +458,7 @@ mod tests {
       {"name": "a", "endpoint": "10.71.2.2:4500", "prefixes": ["10.71.3.0/24"],
        "healthy": true, "bypass_forced": false, "tunnels": 1,
        "tunnel": {"remote": "10.71.2.2:4500", "rtt_seconds": 0.1, "min_rtt_seconds": 0.1,
+                  "datagram_bytes": 1472, "mtu_black_holes": 0,
                   "congestion_phase": "optimal", "pacing_rate_bps": 100000000,
                   "bottleneck_rate_bps": 99000000, "packets_sent": 1200,
                   "data_packets_sent": 1000, "ack_only_packets_sent": 159,
@@ -492,6 +506,7 @@ mod tests {
                 fec_unrecoverable_groups: 1,
                 plain_sent: 3010,
                 wire_sent: 1013,
+                datagram_bytes: 1472,
                 ..Totals::default()
             }
         );

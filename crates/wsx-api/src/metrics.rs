@@ -23,6 +23,7 @@
 //! | `wsx_peer_bypass_forced` | `peer` | |
 //! | `wsx_peer_tunnels` | `peer` | established tunnels |
 //! | `wsx_tunnel_rtt_seconds`, `wsx_tunnel_min_rtt_seconds` | `peer` | |
+//! | `wsx_tunnel_datagram_bytes` | `peer` | UDP payload size the packets are built to (path MTU discovery) |
 //! | `wsx_tunnel_pacing_rate_bytes_per_second`, `wsx_tunnel_bottleneck_rate_bytes_per_second` | `peer` | |
 //! | `wsx_tunnel_packets_sent_total`, `_packets_received_total` | `peer` | |
 //! | `wsx_tunnel_packets_tracked_total`, `_packets_lost_total` | `peer` | data and ACK-only packets sent; those of them lost and not rebuilt |
@@ -305,6 +306,14 @@ impl Collector for GatewayCollector {
             tunnels
                 .iter()
                 .map(|(name, s)| gauge(peer(name), s.fec.decoder_bytes as f64)),
+        )?;
+        family(
+            &mut e,
+            "wsx_tunnel_datagram_bytes",
+            "UDP payload size the tunnel's packets are built to (path MTU discovery)",
+            tunnels
+                .iter()
+                .map(|(name, s)| gauge(peer(name), f64::from(s.datagram_size))),
         )?;
         family(
             &mut e,

@@ -113,6 +113,11 @@ pub struct Tunnel {
     pub remote: String,
     pub rtt_seconds: f64,
     pub min_rtt_seconds: f64,
+    /// The UDP payload size the tunnel's packets are built to now: what path MTU discovery
+    /// found the path carries (1472 on a 1500-byte IPv4 path), within `max_datagram`.
+    pub datagram_bytes: u64,
+    /// Times full-size packets stopped getting through and the size fell back to 1200.
+    pub mtu_black_holes: u64,
     /// The congestion controller's phase (e.g. `rapid-start`, `optimal`).
     pub congestion_phase: Option<String>,
     /// The rate the tunnel paces at, and its estimate of the bottleneck.
@@ -326,6 +331,8 @@ impl Tunnel {
             remote: remote.to_owned(),
             rtt_seconds: s.smoothed_rtt.as_secs_f64(),
             min_rtt_seconds: s.min_rtt.as_secs_f64(),
+            datagram_bytes: u64::from(s.datagram_size),
+            mtu_black_holes: s.mtu.black_holes,
             congestion_phase: congestion.map(|c| c.phase.to_owned()),
             pacing_rate_bps: congestion.map_or(0, |c| c.pacing_rate.saturating_mul(8)),
             bottleneck_rate_bps: congestion.map_or(0, |c| c.bottleneck_rate.saturating_mul(8)),

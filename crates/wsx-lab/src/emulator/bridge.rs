@@ -223,6 +223,7 @@ impl Forwarder {
                             DropReason::Random => Counter::DropRandom,
                             DropReason::Burst => Counter::DropBurst,
                             DropReason::Queue => Counter::DropQueue,
+                            DropReason::TooBig => Counter::DropTooBig,
                         };
                         counters.add(counter, 1);
                         counters.add(Counter::DropBytes, ip_bytes);

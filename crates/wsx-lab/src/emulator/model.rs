@@ -3,6 +3,7 @@
 //! `now` in, which is what makes the model's unit and property tests exact.
 //!
 //! The order of operations per packet is that of a lossy line behind a router:
+//! 0. a packet longer than the path's MTU is dropped (a black hole: no ICMP error);
 //! 1. loss (Gilbert-Elliott state step, then independent loss): the packet never reaches the queue;
 //! 2. the drop-tail queue in front of the bottleneck: dropped if it does not fit;
 //! 3. serialisation at the bottleneck rate, behind the packets already queued;
@@ -38,6 +39,8 @@ pub enum DropReason {
     Burst,
     /// The bottleneck queue was full.
     Queue,
+    /// Longer than the path's MTU.
+    TooBig,
 }
 
 /// A probability as a threshold on a uniformly random `u64`, so a decision costs one comparison.
@@ -129,6 +132,9 @@ impl Link {
 
     /// Decides the fate of a packet of `ip_bytes` arriving at `now_ns`.
     pub fn handle_packet(&mut self, now_ns: u64, ip_bytes: u64) -> Verdict {
+        if self.params.mtu > 0 && ip_bytes > self.params.mtu {
+            return Verdict::Drop(DropReason::TooBig);
+        }
         if let Some([p, r, loss_good, loss_bad]) = self.burst {
             // Step the chain, then draw the loss of the state the packet finds.
             let flip = if self.in_bad_state { r } else { p };
@@ -193,6 +199,24 @@ mod tests {
     use proptest::prelude::*;
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn packets_longer_than_the_mtu_are_dropped_and_the_rest_pass() {
+        let mut link = Link::new(
+            LinkParams {
+                mtu: 1350,
+                ..LinkParams::with_delay_ms(10.0)
+            },
+            1,
+        );
+        assert_eq!(
+            link.handle_packet(0, 1351),
+            Verdict::Drop(DropReason::TooBig)
+        );
+        assert_eq!(deliver_at(link.handle_packet(0, 1350)), 10 * MS);
+        link.set_params(LinkParams::with_delay_ms(10.0));
+        assert_eq!(deliver_at(link.handle_packet(0, 1500)), 10 * MS);
+    }
 
     fn deliver_at(v: Verdict) -> u64 {
         match v {

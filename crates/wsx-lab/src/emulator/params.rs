@@ -28,6 +28,10 @@ pub struct LinkParams {
     pub reorder_delay_us: u64,
     /// Percent of packets delivered twice.
     pub duplicate_pct: f64,
+    /// The path's MTU: the largest IP packet carried, bytes. A longer one is dropped, as a
+    /// router on the way with a smaller MTU drops a packet with don't-fragment set when its
+    /// ICMP error never arrives (a black hole). 0: no limit but the interfaces' own (1500).
+    pub mtu: u64,
 }
 
 impl LinkParams {

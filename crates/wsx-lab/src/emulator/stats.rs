@@ -21,7 +21,11 @@ pub struct DirectionStats {
     pub drop_burst: u64,
     /// Packets dropped because the bottleneck queue was full.
     pub drop_queue: u64,
-    /// Bytes of the packets the emulated link dropped (random, burst and queue).
+    /// Packets dropped for being longer than the path's MTU (not counted as loss in
+    /// [`DirectionStats::emulated_drops`]: a probe for the path's size is meant to fail).
+    #[serde(default)]
+    pub drop_too_big: u64,
+    /// Bytes of the packets the emulated link dropped (random, burst, queue and MTU).
     pub drop_bytes: u64,
     /// Extra copies sent by duplication.
     pub duplicated: u64,
@@ -91,6 +95,7 @@ impl DirectionStats {
             drop_random: self.drop_random - earlier.drop_random,
             drop_burst: self.drop_burst - earlier.drop_burst,
             drop_queue: self.drop_queue - earlier.drop_queue,
+            drop_too_big: self.drop_too_big - earlier.drop_too_big,
             drop_bytes: self.drop_bytes - earlier.drop_bytes,
             duplicated: self.duplicated - earlier.duplicated,
             reordered: self.reordered - earlier.reordered,
@@ -149,7 +154,7 @@ impl EmulatorStats {
 /// snapshot a few packets old.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    values: [AtomicU64; 13],
+    values: [AtomicU64; 14],
     queue_delay: [AtomicU64; QUEUE_DELAY_BUCKETS],
 }
 
@@ -168,6 +173,7 @@ pub(crate) enum Counter {
     EmulatorFaults,
     ReleasedLate,
     Unstamped,
+    DropTooBig,
 }
 
 impl Counters {
@@ -191,6 +197,7 @@ impl Counters {
             drop_random: v(Counter::DropRandom),
             drop_burst: v(Counter::DropBurst),
             drop_queue: v(Counter::DropQueue),
+            drop_too_big: v(Counter::DropTooBig),
             drop_bytes: v(Counter::DropBytes),
             duplicated: v(Counter::Duplicated),
             reordered: v(Counter::Reordered),

@@ -320,7 +320,7 @@ impl Connection {
         let Some(size) = self.recovery.mtu.take_change() else {
             return;
         };
-        tracing::debug!(size, "datagram size");
+        tracing::info!(remote = %self.remote, size, "path MTU: datagram size");
         self.recovery.on_datagram_size(usize::from(size));
     }
 

@@ -556,9 +556,9 @@ impl Recovery {
     /// until the search finds what the path carries now. Those in flight that no longer fit
     /// are lost to the path, not to congestion (see [`Self::on_packet_lost`]).
     fn on_black_hole(&mut self, now: Instant) {
-        tracing::debug!(
+        tracing::info!(
             size = self.mtu.current(),
-            "full-size packets stopped getting through"
+            "path MTU: full-size packets stopped getting through; back to 1200 bytes"
         );
         self.large_unacked = None;
         self.mtu.on_black_hole(now);
