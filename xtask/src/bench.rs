@@ -183,6 +183,10 @@ pub(crate) struct BenchArgs {
     /// compare several in one run [default: the gateways' default].
     #[arg(long)]
     max_datagram: Vec<u16>,
+    /// The tunnel-veth mode: the veth's MTU (9000: jumbo frames); repeat to compare
+    /// [default: 1500].
+    #[arg(long)]
+    veth_mtu: Vec<u16>,
     /// Instead of bulk transfers, open this many concurrent sessions and hold them (a
     /// number, or "max": as many as the gateways carry); repeat for several counts. Modes:
     /// wsx (intercepting gateways) and direct-cubic (no gateways) [default: both].
@@ -216,6 +220,8 @@ pub(crate) struct Case {
     pub(crate) ipv6: bool,
     /// The gateways' settings in the wsx mode.
     pub(crate) gateways: Settings,
+    /// The tunnel-veth mode: the MTU of the veth between the endpoints (1500 if `None`).
+    pub(crate) veth_mtu: Option<u16>,
 }
 
 /// The result of one case: one JSON record.
@@ -225,6 +231,9 @@ pub(crate) struct Record {
     /// The congestion control the kernel reported for the sender's sockets.
     pub(crate) cc: Option<String>,
     pub(crate) ip: &'static str,
+    /// The tunnel-veth mode's veth MTU, if not 1500.
+    #[serde(default)]
+    pub(crate) veth_mtu: Option<u16>,
     pub(crate) rtt_ms: f64,
     pub(crate) loss_pct: f64,
     pub(crate) loss_dir: LossDirection,
@@ -390,6 +399,9 @@ pub(crate) struct TunnelFigures {
     pub(crate) bottleneck_mbit: f64,
     #[serde(default)]
     pub(crate) congestion_events: u64,
+    /// The datagram size the sender's tunnel used at the end (path MTU discovery).
+    #[serde(default)]
+    pub(crate) datagram_bytes: u64,
 }
 
 impl TunnelFigures {
@@ -409,6 +421,7 @@ impl TunnelFigures {
             smoothed_rtt_ms: sent.smoothed_rtt_ms,
             bottleneck_mbit: sent.bottleneck_mbit,
             congestion_events: sent.congestion_events,
+            datagram_bytes: sent.datagram_bytes,
         }
     }
 }
@@ -595,6 +608,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             max_rate_mbit: args.max_rate_mbit,
             max_datagram: None,
         },
+        veth_mtu: None,
     };
     match args.matrix {
         None => {
@@ -608,17 +622,26 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                 } else {
                     (vec![Fec::Adaptive], vec![None])
                 };
+                let veth_mtus: Vec<Option<u16>> =
+                    if mode == Mode::TunnelVeth && !args.veth_mtu.is_empty() {
+                        args.veth_mtu.iter().copied().map(Some).collect()
+                    } else {
+                        vec![None]
+                    };
                 for fec in fecs {
                     for &max_datagram in &datagrams {
-                        cases.push(Case {
-                            mode,
-                            gateways: Settings {
-                                fec,
-                                max_datagram,
-                                ..base.gateways
-                            },
-                            ..base.clone()
-                        });
+                        for &veth_mtu in &veth_mtus {
+                            cases.push(Case {
+                                mode,
+                                gateways: Settings {
+                                    fec,
+                                    max_datagram,
+                                    ..base.gateways
+                                },
+                                veth_mtu,
+                                ..base.clone()
+                            });
+                        }
                     }
                 }
             }
@@ -774,6 +797,17 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     if let (Mode::HtbCubic, Some(kbit)) = (case.mode, case.gateways.shape_kbit) {
         install_htb(&lab, kbit)?;
     }
+    if let (Mode::TunnelVeth, Some(mtu)) = (case.mode, case.veth_mtu) {
+        let mtu = mtu.to_string();
+        for (node, dev) in [(Node::Client, "eth0"), (Node::GwA, "lan0")] {
+            wsx_lab::netns::exec(
+                &lab.netns(node),
+                "ip",
+                &["link", "set", "dev", dev, "mtu", &mtu],
+            )
+            .with_context(|| format!("setting the veth's MTU to {mtu}"))?;
+        }
+    }
     let sink_json = work.join("sink.json");
     let send_json = work.join("send.json");
     let (sink_keys, sender_keys) = if case.mode.is_tunnel() {
@@ -924,6 +958,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         mode: case.mode,
         cc: sent.flows.first().map(|f| f.congestion.clone()),
         ip: if case.ipv6 { "ipv6" } else { "ipv4" },
+        veth_mtu: case.veth_mtu,
         rtt_ms: case.wan.rtt_ms,
         loss_pct: case.wan.loss_pct,
         loss_dir: case.wan.loss_dir,
@@ -1242,9 +1277,11 @@ impl Record {
                 g.reverse_packets.parity,
             )),
             self.tunnel.as_ref().map_or(String::new(), |t| format!(
-                ", tunnel cpu {:.2}/{:.2} s/GB, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}, rtt min/smoothed {:.1}/{:.1} ms, bottleneck estimate {:.1} Mbit/s, {} congestion events",
+                ", tunnel cpu {:.2}/{:.2} s/GB, datagrams {} B{}, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}, rtt min/smoothed {:.1}/{:.1} ms, bottleneck estimate {:.1} Mbit/s, {} congestion events",
                 t.send_cpu_s_per_gb,
                 t.recv_cpu_s_per_gb,
+                t.datagram_bytes,
+                self.veth_mtu.map_or(String::new(), |m| format!(" (veth mtu {m})")),
                 t.datagrams_per_send,
                 t.datagrams_per_receive,
                 t.acks_per_data,

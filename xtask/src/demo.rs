@@ -44,6 +44,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<()> {
             payload: PayloadKind::Random,
             ipv6: false,
             gateways: crate::gateway::Settings::default(),
+            veth_mtu: None,
         };
         println!("running {} ...", case_label(mode));
         let r = run_case(&case, &binary)?;

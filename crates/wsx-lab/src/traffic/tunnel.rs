@@ -51,6 +51,9 @@ pub struct TunnelReport {
     pub bottleneck_mbit: f64,
     #[serde(default)]
     pub congestion_events: u64,
+    /// The datagram size the connection used at the end (path MTU discovery).
+    #[serde(default)]
+    pub datagram_bytes: u64,
 }
 
 impl TunnelReport {
@@ -71,6 +74,7 @@ impl TunnelReport {
                 .congestion
                 .map_or(0.0, |c| c.bottleneck_rate as f64 * 8.0 / 1e6),
             congestion_events: connection.congestion.map_or(0, |c| c.congestion_events),
+            datagram_bytes: u64::from(connection.datagram_size),
         }
     }
 }
