@@ -45,7 +45,7 @@ enum Task {
     /// Plain TCP (and wsx, once it exists) across the default lab WAN, side by side.
     Demo(demo::DemoArgs),
     /// Run benchmark cases on the lab.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// The bandwidth controller's lab cases, through wsx's shaper and the kernel's HTB.
     Shaping(shaping::ShapingArgs),
     /// Mixed traffic through the gateways for a long run while the link flaps, a server
