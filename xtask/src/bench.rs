@@ -399,9 +399,12 @@ pub(crate) struct TunnelFigures {
     pub(crate) bottleneck_mbit: f64,
     #[serde(default)]
     pub(crate) congestion_events: u64,
-    /// The datagram size the sender's tunnel used at the end (path MTU discovery).
+    /// The datagram size the sender's tunnel used at the end (path MTU discovery), and
+    /// its fall-backs to 1200 bytes (black holes).
     #[serde(default)]
     pub(crate) datagram_bytes: u64,
+    #[serde(default)]
+    pub(crate) mtu_black_holes: u64,
 }
 
 impl TunnelFigures {
@@ -422,6 +425,7 @@ impl TunnelFigures {
             bottleneck_mbit: sent.bottleneck_mbit,
             congestion_events: sent.congestion_events,
             datagram_bytes: sent.datagram_bytes,
+            mtu_black_holes: sent.mtu_black_holes,
         }
     }
 }
@@ -1277,11 +1281,12 @@ impl Record {
                 g.reverse_packets.parity,
             )),
             self.tunnel.as_ref().map_or(String::new(), |t| format!(
-                ", tunnel cpu {:.2}/{:.2} s/GB, datagrams {} B{}, {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}, rtt min/smoothed {:.1}/{:.1} ms, bottleneck estimate {:.1} Mbit/s, {} congestion events",
+                ", tunnel cpu {:.2}/{:.2} s/GB, datagrams {} B{} ({} black holes), {:.1} dgrams/send, {:.1}/receive, acks/data {:.4}, rtt min/smoothed {:.1}/{:.1} ms, bottleneck estimate {:.1} Mbit/s, {} congestion events",
                 t.send_cpu_s_per_gb,
                 t.recv_cpu_s_per_gb,
                 t.datagram_bytes,
                 self.veth_mtu.map_or(String::new(), |m| format!(" (veth mtu {m})")),
+                t.mtu_black_holes,
                 t.datagrams_per_send,
                 t.datagrams_per_receive,
                 t.acks_per_data,

@@ -51,9 +51,12 @@ pub struct TunnelReport {
     pub bottleneck_mbit: f64,
     #[serde(default)]
     pub congestion_events: u64,
-    /// The datagram size the connection used at the end (path MTU discovery).
+    /// The datagram size the connection used at the end (path MTU discovery), and the
+    /// times it fell back to 1200 bytes after full-size packets stopped getting through.
     #[serde(default)]
     pub datagram_bytes: u64,
+    #[serde(default)]
+    pub mtu_black_holes: u64,
 }
 
 impl TunnelReport {
@@ -75,6 +78,7 @@ impl TunnelReport {
                 .map_or(0.0, |c| c.bottleneck_rate as f64 * 8.0 / 1e6),
             congestion_events: connection.congestion.map_or(0, |c| c.congestion_events),
             datagram_bytes: u64::from(connection.datagram_size),
+            mtu_black_holes: connection.mtu.black_holes,
         }
     }
 }

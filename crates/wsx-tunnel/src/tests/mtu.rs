@@ -180,3 +180,30 @@ fn fec_repairs_across_a_change_of_datagram_size() {
         pair.server().stats()
     );
 }
+
+/// On a short path the receiver holds its ACKs longer than the RTT (5 ms at least): the
+/// sender must not take the wait for a black hole and build small packets meanwhile.
+#[test]
+fn delayed_acks_on_a_short_path_are_not_a_black_hole() {
+    let mut forward = LinkConfig::new(Duration::from_millis(2), 100);
+    forward.max_datagram = Some(1452);
+    let mut pair = pair_with(forward, 36, TransportConfig::default());
+    let mut transfers = Transfers::new(0);
+    transfers.start(&mut pair, 40_000_000);
+    run(
+        &mut pair,
+        &mut transfers,
+        Duration::from_secs(30),
+        |_, t| t.all_complete(),
+    );
+    transfers.verify();
+    let stats = pair.client().stats();
+    assert_eq!(stats.datagram_size, 1452);
+    assert_eq!(stats.mtu.black_holes, 0, "{stats:#?}");
+    // Nearly every data packet is full-size: the stream's last and the first round trip's
+    // are the exceptions.
+    let link = pair.link_stats(0);
+    let mean = link.sent_bytes / link.sent;
+    eprintln!("mean datagram {mean} bytes");
+    assert!(mean >= 1440, "mean datagram {mean} bytes: {stats:#?}");
+}

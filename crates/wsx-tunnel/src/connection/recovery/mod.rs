@@ -239,13 +239,14 @@ impl Recovery {
         self.probes
     }
 
-    /// Whether full-size packets are going unacknowledged in numbers, for longer than an
-    /// acknowledgement takes: packets are then built to the base size, so that their
-    /// acknowledgement tells a black hole from a path that is down (and their data gets
-    /// through it).
+    /// Whether full-size packets are going unacknowledged in numbers, for a whole probe
+    /// timeout (the peer's ACK delay included): packets are then built to the base size, so
+    /// that their acknowledgement tells a black hole from a path that is down (and their
+    /// data gets through it).
     pub(super) fn suspects_black_hole(&self, now: Instant) -> bool {
+        let pto = self.rtt.pto_base() + self.peer_max_ack_delay;
         self.large_unacked
-            .is_some_and(|l| l.sent >= BLACK_HOLE_PACKETS && now >= l.since + self.rtt.pto_base())
+            .is_some_and(|l| l.sent >= BLACK_HOLE_PACKETS && now >= l.since + pto)
     }
 
     pub(super) fn on_probes_sent(&mut self, count: u32) {
