@@ -13,15 +13,16 @@
 //! The search first tries, together, the sizes the usual links give: 1500- and 9000-byte MTUs
 //! less the IP and UDP headers of the peer's address family, and the cap
 //! (`max_datagram`, as both sides allow). A size is taken not to fit after [`MAX_PROBES`]
-//! lost probes (a single loss may be the line's); a larger size is not tried while a smaller
-//! one is unresolved. When the largest size that fits is not one of the usual ones, a binary
-//! search between it and the smallest that does not narrows the gap to [`GRANULARITY`].
+//! lost probes (a single loss may be the line's), and every larger one with it. When the
+//! largest size that fits is not one of the usual ones, a binary search between it and the
+//! smallest that does not narrows the gap to [`GRANULARITY`].
 //!
 //! The path may shrink under a live connection (a route change, a tunnel added on the way):
 //! loss recovery notices full-size packets vanishing while small ones get through (a *black
 //! hole*) and calls [`PathMtu::on_black_hole`], which falls back to the base size and
-//! searches again below the size that stopped working. A search that completed is repeated
-//! after [`RAISE_AFTER`], in case the path grew.
+//! searches again from there (the size that stopped working is tried like any other, so a
+//! false alarm costs a round trip or two). A search that completed is repeated after
+//! [`RAISE_AFTER`], in case the path grew.
 
 use std::time::{Duration, Instant};
 
