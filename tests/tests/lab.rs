@@ -1,5 +1,6 @@
 //! The lab end to end: plain kernel TCP from client to server through gw-a, the emulated WAN
-//! and gw-b, over IPv4 and IPv6, every byte verified; and no namespace outlives its lab.
+//! and gw-b, over IPv4 and IPv6, every byte verified; the same over a clean, jumbo-frame WAN
+//! (a kernel bridge instead of the emulator); and no namespace outlives its lab.
 //! Needs root; run with `cargo xtask test`.
 
 // Test code: an unwrap here is an assertion.
@@ -95,6 +96,54 @@ fn tcp_crosses_the_lab_verified_over_ipv4_and_ipv6() {
 }
 
 #[test]
+fn a_clean_lab_bridges_the_wan_in_the_kernel_with_jumbo_frames() {
+    let _serial = serial();
+    let lab = Lab::start_clean(9000).unwrap();
+    assert_eq!(lab.emulator_pid(), None);
+    let error = lab.emulator().stats().unwrap_err().to_string();
+    assert!(error.contains("kernel bridge"), "{error}");
+    for ipv6 in [false, true] {
+        assert_eq!(
+            transfer(&lab, ipv6, 2, 5_000_000, PayloadKind::Random, "cubic"),
+            10_000_000
+        );
+    }
+    // The WAN carries 9,000-byte frames end to end: a datagram that fills one, sent with
+    // "don't fragment", arrives whole (a veth drops a frame larger than its peer's MTU, and
+    // the sender refuses one larger than its own).
+    let receiver = lab
+        .run_in(Node::GwB, || {
+            std::net::UdpSocket::bind((addr::GWB_WAN_V4, 0)).unwrap()
+        })
+        .unwrap();
+    receiver
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let to = receiver.local_addr().unwrap();
+    lab.run_in(Node::GwA, move || {
+        let sender = std::net::UdpSocket::bind((addr::GWA_WAN_V4, 0)).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&sender);
+        let on = libc::IP_PMTUDISC_DO;
+        // SAFETY: a valid socket, and an int option of the size given.
+        let set = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                std::ptr::from_ref(&on).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0);
+        sender.send_to(&[0x5a; 8972], to).unwrap();
+    })
+    .unwrap();
+    let mut buf = [0u8; 9216];
+    assert_eq!(receiver.recv(&mut buf).unwrap(), 8972);
+    assert!(Lab::start_clean(576).is_err(), "below IPv6's minimum MTU");
+}
+
+#[test]
 fn corruption_is_detected() {
     // The sink compares against the expected stream: a sender with another seed fails.
     let _serial = serial();
@@ -148,7 +197,7 @@ fn namespaces_do_not_outlive_their_lab_even_when_a_test_panics() {
     let lab = Lab::start(&Default::default()).unwrap();
     let name = lab.name().to_string();
     assert_eq!(mine(&name).len(), 5, "client, gw-a, wan, gw-b, server");
-    let emulator = lab.emulator_pid();
+    let emulator = lab.emulator_pid().expect("an emulated lab");
     drop(lab);
     assert!(mine(&name).is_empty());
     assert!(

@@ -16,6 +16,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
+use wsx_lab::emulator::EmulatorStats;
 use wsx_lab::traffic::{BUCKET_NS, PayloadKind, SendReport, SinkReport, TunnelReport};
 use wsx_lab::{Lab, LossDirection, Node, WanSpec, addr};
 use wsx_tunnel::SecretKey;
@@ -42,6 +43,10 @@ pub(crate) enum Mode {
     /// The tunnel alone over a clean veth (client → gw-a, no emulator, offloads on): the
     /// tunnel's raw throughput and CPU cost.
     TunnelVeth,
+    /// Through both gateways as in wsx-forward, over a clean WAN (a kernel bridge instead
+    /// of the emulator, offloads on): kernel TCP in, the tunnel, kernel TCP out, at the
+    /// fastest the gateways go, and their CPU seconds per GB.
+    WsxVeth,
     /// Plain kernel TCP, CUBIC, shaped by the kernel's HTB on gw-a's WAN interface at
     /// --shape-mbit (one class, burst of 1 ms at the rate, a pfifo leaf): the reference
     /// for wsx's shaper.
@@ -53,12 +58,17 @@ impl Mode {
         match self {
             Mode::DirectCubic | Mode::HtbCubic => Some("cubic"),
             Mode::DirectBbr => Some("bbr"),
-            Mode::Wsx | Mode::WsxForward | Mode::Tunnel | Mode::TunnelVeth => None,
+            Mode::Wsx | Mode::WsxForward | Mode::WsxVeth | Mode::Tunnel | Mode::TunnelVeth => None,
         }
     }
 
     fn is_tunnel(self) -> bool {
         matches!(self, Mode::Tunnel | Mode::TunnelVeth)
+    }
+
+    /// Runs on a clean veth, without a bottleneck or emulator.
+    pub(crate) fn is_veth(self) -> bool {
+        matches!(self, Mode::TunnelVeth | Mode::WsxVeth)
     }
 
     /// Where the sink and the sender run, and where the sender sends.
@@ -77,25 +87,28 @@ impl Mode {
                 Node::Client,
                 SocketAddr::new(pick(addr::GWA_LAN_V4, addr::GWA_LAN_V6), TUNNEL_PORT),
             ),
-            Mode::DirectCubic | Mode::DirectBbr | Mode::HtbCubic | Mode::Wsx | Mode::WsxForward => {
-                (
-                    Node::Server,
-                    Node::Client,
-                    SocketAddr::new(addr::server(ipv6), 5201),
-                )
-            }
+            Mode::DirectCubic
+            | Mode::DirectBbr
+            | Mode::HtbCubic
+            | Mode::Wsx
+            | Mode::WsxForward
+            | Mode::WsxVeth => (
+                Node::Server,
+                Node::Client,
+                SocketAddr::new(addr::server(ipv6), 5201),
+            ),
         }
     }
 
     pub(crate) fn is_wsx(self) -> bool {
-        matches!(self, Mode::Wsx | Mode::WsxForward)
+        matches!(self, Mode::Wsx | Mode::WsxForward | Mode::WsxVeth)
     }
 
     /// Where the sender connects: the sink's address, or the forwarding listener on gw-a
     /// (same port) that leads there.
     pub(crate) fn entry(self, ipv6: bool, sink: SocketAddr) -> SocketAddr {
         match self {
-            Mode::WsxForward => {
+            Mode::WsxForward | Mode::WsxVeth => {
                 let lan: IpAddr = if ipv6 {
                     addr::GWA_LAN_V6.into()
                 } else {
@@ -115,6 +128,7 @@ impl Mode {
             Mode::WsxForward => "wsx-forward",
             Mode::Tunnel => "tunnel",
             Mode::TunnelVeth => "tunnel-veth",
+            Mode::WsxVeth => "wsx-veth",
             Mode::HtbCubic => "htb-cubic",
         }
     }
@@ -183,10 +197,14 @@ pub(crate) struct BenchArgs {
     /// compare several in one run [default: the gateways' default].
     #[arg(long)]
     max_datagram: Vec<u16>,
-    /// The tunnel-veth mode: the veth's MTU (9000: jumbo frames); repeat to compare
-    /// [default: 1500].
+    /// The veth modes (tunnel-veth, wsx-veth): the veth's MTU (9000: jumbo frames); repeat
+    /// to compare [default: 1500].
     #[arg(long)]
     veth_mtu: Vec<u16>,
+    /// The gateways' `wsx` binary (wsx modes), for comparing builds in one run: repeat to
+    /// alternate between them case by case [default: the one built beside the lab binary].
+    #[arg(long)]
+    wsx_binary: Vec<PathBuf>,
     /// Instead of bulk transfers, open this many concurrent sessions and hold them (a
     /// number, or "max": as many as the gateways carry); repeat for several counts. Modes:
     /// wsx (intercepting gateways) and direct-cubic (no gateways) [default: both].
@@ -222,6 +240,8 @@ pub(crate) struct Case {
     pub(crate) gateways: Settings,
     /// The tunnel-veth mode: the MTU of the veth between the endpoints (1500 if `None`).
     pub(crate) veth_mtu: Option<u16>,
+    /// The gateways' binary, if not the one just built.
+    pub(crate) wsx_binary: Option<PathBuf>,
 }
 
 /// The result of one case: one JSON record.
@@ -234,6 +254,9 @@ pub(crate) struct Record {
     /// The tunnel-veth mode's veth MTU, if not 1500.
     #[serde(default)]
     pub(crate) veth_mtu: Option<u16>,
+    /// The gateways' binary, if not the one just built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) wsx_binary: Option<PathBuf>,
     pub(crate) rtt_ms: f64,
     pub(crate) loss_pct: f64,
     pub(crate) loss_dir: LossDirection,
@@ -613,6 +636,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             max_datagram: None,
         },
         veth_mtu: None,
+        wsx_binary: None,
     };
     match args.matrix {
         None => {
@@ -626,25 +650,33 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                 } else {
                     (vec![Fec::Adaptive], vec![None])
                 };
-                let veth_mtus: Vec<Option<u16>> =
-                    if mode == Mode::TunnelVeth && !args.veth_mtu.is_empty() {
-                        args.veth_mtu.iter().copied().map(Some).collect()
-                    } else {
-                        vec![None]
-                    };
+                let veth_mtus: Vec<Option<u16>> = if mode.is_veth() && !args.veth_mtu.is_empty() {
+                    args.veth_mtu.iter().copied().map(Some).collect()
+                } else {
+                    vec![None]
+                };
+                let binaries: Vec<Option<PathBuf>> = if mode.is_wsx() && !args.wsx_binary.is_empty()
+                {
+                    args.wsx_binary.iter().cloned().map(Some).collect()
+                } else {
+                    vec![None]
+                };
                 for fec in fecs {
                     for &max_datagram in &datagrams {
                         for &veth_mtu in &veth_mtus {
-                            cases.push(Case {
-                                mode,
-                                gateways: Settings {
-                                    fec,
-                                    max_datagram,
-                                    ..base.gateways
-                                },
-                                veth_mtu,
-                                ..base.clone()
-                            });
+                            for wsx_binary in &binaries {
+                                cases.push(Case {
+                                    mode,
+                                    gateways: Settings {
+                                        fec,
+                                        max_datagram,
+                                        ..base.gateways
+                                    },
+                                    veth_mtu,
+                                    wsx_binary: wsx_binary.clone(),
+                                    ..base.clone()
+                                });
+                            }
                         }
                     }
                 }
@@ -784,15 +816,21 @@ impl Case {
 
 /// Runs one case on a fresh lab.
 pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
-    let lab = Lab::start(&case.wan.emulator_config())?;
+    let lab = match case.mode {
+        Mode::WsxVeth => Lab::start_clean(case.veth_mtu.unwrap_or(1500))?,
+        _ => Lab::start(&case.wan.emulator_config())?,
+    };
     let work = tempdir(&lab)?;
     let (sink_node, sender_node, target) = case.mode.endpoints(case.ipv6);
     let entry = case.mode.entry(case.ipv6, target);
     let gateways = match case.mode {
-        Mode::Wsx | Mode::WsxForward => Some(crate::gateway::Pair::start(
+        Mode::Wsx | Mode::WsxForward | Mode::WsxVeth => Some(crate::gateway::Pair::start_binary(
             &lab,
             &work,
-            binary,
+            &case
+                .wsx_binary
+                .clone()
+                .unwrap_or_else(|| binary.with_file_name("wsx")),
             case.gateways,
             (entry != target).then_some((entry, target)),
         )?),
@@ -829,7 +867,11 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         (Vec::new(), Vec::new())
     };
 
-    let before = lab.emulator().stats()?;
+    let emulator_stats = || match case.mode {
+        Mode::WsxVeth => Ok(EmulatorStats::default()),
+        _ => lab.emulator().stats(),
+    };
+    let before = emulator_stats()?;
     let mut sink = lab
         .command(sink_node, binary)
         .args([
@@ -884,7 +926,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         .stdout(Stdio::null())
         .status()?;
     let sink_status = sink.wait()?;
-    let after = lab.emulator().stats()?;
+    let after = emulator_stats()?;
     let wire = match shaping {
         Some(_) => lab
             .emulator()
@@ -956,13 +998,14 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         _ => None,
     };
     // A clean veth has no bottleneck to be a fraction of.
-    let bottleneck = case.mode != Mode::TunnelVeth;
+    let bottleneck = !case.mode.is_veth();
     let t90_ms = t90_ms.filter(|_| bottleneck);
     Ok(Record {
         mode: case.mode,
         cc: sent.flows.first().map(|f| f.congestion.clone()),
         ip: if case.ipv6 { "ipv6" } else { "ipv4" },
         veth_mtu: case.veth_mtu,
+        wsx_binary: case.wsx_binary.clone(),
         rtt_ms: case.wan.rtt_ms,
         loss_pct: case.wan.loss_pct,
         loss_dir: case.wan.loss_dir,
@@ -1248,7 +1291,7 @@ pub(crate) fn jain(xs: &[f64]) -> f64 {
 impl Record {
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, queue p95 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}{}",
+            "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, queue p95 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}{}{}",
             self.mode.label(),
             self.rtt_ms,
             self.loss_pct,
@@ -1295,6 +1338,9 @@ impl Record {
                 t.bottleneck_mbit,
                 t.congestion_events
             )),
+            self.wsx_binary
+                .as_ref()
+                .map_or(String::new(), |b| format!(", binary {}", b.display())),
             match (self.verified, self.emu_faults) {
                 (false, _) => "  NOT VERIFIED".to_string(),
                 (true, 0) => String::new(),

@@ -45,6 +45,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<()> {
             ipv6: false,
             gateways: crate::gateway::Settings::default(),
             veth_mtu: None,
+            wsx_binary: None,
         };
         println!("running {} ...", case_label(mode));
         let r = run_case(&case, &binary)?;
@@ -84,6 +85,7 @@ fn case_label(mode: Mode) -> &'static str {
         Mode::WsxForward => "wsx (a forwarding listener on gw-a)",
         Mode::Tunnel => "wsx tunnel alone (gw-a to gw-b)",
         Mode::TunnelVeth => "wsx tunnel alone (clean veth)",
+        Mode::WsxVeth => "wsx, both gateways on a clean WAN",
         Mode::HtbCubic => "plain TCP, CUBIC, shaped by the kernel's HTB",
     }
 }

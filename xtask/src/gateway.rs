@@ -174,8 +174,25 @@ impl Pair {
         settings: Settings,
         forward: Option<(SocketAddr, SocketAddr)>,
     ) -> Result<Self> {
+        Self::start_binary(
+            lab,
+            work,
+            &lab_binary.with_file_name("wsx"),
+            settings,
+            forward,
+        )
+    }
+
+    /// Like [`Pair::start`], running the gateway binary `wsx`.
+    pub(crate) fn start_binary(
+        lab: &Lab,
+        work: &Path,
+        wsx: &Path,
+        settings: Settings,
+        forward: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<Self> {
         let shaper = settings.shape_kbit.map(shaper_text);
-        Self::launch(lab, work, lab_binary, settings, forward, shaper.as_deref())
+        Self::launch(lab, work, wsx, settings, forward, shaper.as_deref())
     }
 
     /// Like [`Pair::start`] (intercepting), with `shaper` (the `[shaper]`, `[[scenario]]`
@@ -187,18 +204,25 @@ impl Pair {
         settings: Settings,
         shaper: &str,
     ) -> Result<Self> {
-        Self::launch(lab, work, lab_binary, settings, None, Some(shaper))
+        Self::launch(
+            lab,
+            work,
+            &lab_binary.with_file_name("wsx"),
+            settings,
+            None,
+            Some(shaper),
+        )
     }
 
     fn launch(
         lab: &Lab,
         work: &Path,
-        lab_binary: &Path,
+        wsx: &Path,
         settings: Settings,
         forward: Option<(SocketAddr, SocketAddr)>,
         shaper: Option<&str>,
     ) -> Result<Self> {
-        let wsx = lab_binary.with_file_name("wsx");
+        let wsx = wsx.to_path_buf();
         if !wsx.is_file() {
             bail!(
                 "no wsx binary at {}: build it with `cargo build --release -p wsx`",

@@ -271,10 +271,9 @@ fn main() -> Result<()> {
                  way (`ip netns exec NS wsx status --config FILE`); deploy/wsx.toml names these \
                  interfaces and addresses"
             );
-            println!(
-                "  emulator: wsx-lab stats --socket {}",
-                lab.emulator().socket().display()
-            );
+            if let Some(socket) = lab.emulator().socket() {
+                println!("  emulator: wsx-lab stats --socket {}", socket.display());
+            }
             println!("Ctrl-C tears it down.");
             loop {
                 std::thread::park();

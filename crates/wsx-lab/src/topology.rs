@@ -7,6 +7,9 @@
 //!  .1.2      .1.1    .2.1                                .2.2    .3.1      .3.2
 //! ```
 //!
+//! [`Lab::start_clean`] puts a kernel bridge in the emulator's place, with the veths' offloads
+//! on: a path with nothing to emulate, for measuring what the gateways themselves cost.
+//!
 //! IPv4 uses 10.71.0.0/16 and IPv6 the ULA prefix fd57:5358:1ab::/48, only inside the lab's
 //! namespaces; the three subnets are `.1` (client LAN), `.2` (the WAN, one L2 segment through
 //! the emulator) and `.3` (server LAN). gw-a and gw-b route between them.
@@ -144,9 +147,19 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 #[derive(Debug)]
 pub struct Lab {
     name: String,
-    emulator: Child,
+    /// `None` when the WAN is a kernel bridge.
+    emulator: Option<Child>,
     handle: EmulatorHandle,
     run_dir: PathBuf,
+}
+
+/// What joins gw-a's and gw-b's WAN interfaces in the `wan` namespace.
+#[derive(Clone, Debug)]
+enum Wan<'a> {
+    /// The userspace emulator with these link parameters.
+    Emulated(&'a EmulatorConfig),
+    /// A kernel bridge; the WAN veths keep their offloads and get this MTU.
+    Clean { mtu: u16 },
 }
 
 impl Lab {
@@ -154,6 +167,20 @@ impl Lab {
     /// created so far is removed.
     pub fn start(config: &EmulatorConfig) -> Result<Lab> {
         config.validate()?;
+        Self::start_with(Wan::Emulated(config))
+    }
+
+    /// Builds the topology with a kernel bridge instead of the emulator: no delay, no loss,
+    /// no rate limit, segmentation offloads on, `mtu` on the WAN veths (1500 for Ethernet,
+    /// 9000 for jumbo frames). Everything the emulator would answer fails.
+    pub fn start_clean(mtu: u16) -> Result<Lab> {
+        if !(1280..=65_535).contains(&mtu) {
+            bail!("a clean WAN's MTU must be 1280 to 65535 bytes (IPv6 needs 1280), not {mtu}");
+        }
+        Self::start_with(Wan::Clean { mtu })
+    }
+
+    fn start_with(wan: Wan<'_>) -> Result<Lab> {
         check_prerequisites()?;
         let name = format!(
             "{PREFIX}{}-{}",
@@ -165,7 +192,7 @@ impl Lab {
             .map_err(|_| anyhow::anyhow!("lab registry poisoned"))?
             .push(name.clone());
         let run_dir = Path::new(RUN_DIR).join(&name);
-        let built = build(&name, &run_dir, config);
+        let built = build(&name, &run_dir, wan);
         match built {
             Ok((emulator, handle)) => Ok(Lab {
                 name,
@@ -211,21 +238,24 @@ impl Lab {
         netns::run_in(&self.netns(node), f)
     }
 
-    /// The emulator's control handle: statistics and run-time changes.
+    /// The emulator's control handle: statistics and run-time changes. On a clean lab its
+    /// requests fail.
     pub fn emulator(&self) -> &EmulatorHandle {
         &self.handle
     }
 
-    /// The emulator's process id.
-    pub fn emulator_pid(&self) -> u32 {
-        self.emulator.id()
+    /// The emulator's process id (`None` on a clean lab).
+    pub fn emulator_pid(&self) -> Option<u32> {
+        self.emulator.as_ref().map(Child::id)
     }
 }
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        let _ = self.emulator.kill();
-        let _ = self.emulator.wait();
+        if let Some(emulator) = &mut self.emulator {
+            let _ = emulator.kill();
+            let _ = emulator.wait();
+        }
         if let Err(e) = remove(&self.name) {
             eprintln!("wsx-lab: tearing down {}: {e:#}", self.name);
         }
@@ -252,7 +282,7 @@ fn check_prerequisites() -> Result<()> {
     Ok(())
 }
 
-fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, EmulatorHandle)> {
+fn build(name: &str, run_dir: &Path, wan_link: Wan<'_>) -> Result<(Option<Child>, EmulatorHandle)> {
     let ns = |node| netns_name(name, node);
     let (client, gwa, wan, gwb, server) = (
         ns(Node::Client),
@@ -348,6 +378,27 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
         ),
     )?;
 
+    let config = match wan_link {
+        Wan::Emulated(config) => config,
+        Wan::Clean { mtu } => {
+            for (netns, dev) in [(&gwa, "wan0"), (&wan, "a0"), (&wan, "b0"), (&gwb, "wan0")] {
+                netns::exec(
+                    netns,
+                    "ip",
+                    &["link", "set", "dev", dev, "mtu", &mtu.to_string()],
+                )?;
+            }
+            netns::ip_batch(
+                Some(&wan),
+                "link add br0 type bridge
+link set a0 master br0
+link set b0 master br0
+                 link set br0 up
+",
+            )?;
+            return Ok((None, EmulatorHandle::absent()));
+        }
+    };
     // Frames on the emulated WAN must be MTU-sized and carry finished checksums, as on a real
     // link: the gateways' WAN interfaces segment and checksum in software before sending, and
     // the emulator's interfaces neither coalesce nor defer checksums.
@@ -381,7 +432,7 @@ fn build(name: &str, run_dir: &Path, config: &EmulatorConfig) -> Result<(Child, 
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if handle.stats().is_ok() {
-            return Ok((emulator, handle));
+            return Ok((Some(emulator), handle));
         }
         if let Some(status) = emulator.try_wait()? {
             bail!("the emulator exited during start-up: {status}");

@@ -83,20 +83,26 @@ pub(crate) enum Response {
 /// A client for a running emulator's control socket.
 #[derive(Clone, Debug)]
 pub struct EmulatorHandle {
-    socket: PathBuf,
+    /// `None` for a lab whose WAN is a kernel bridge: every request fails.
+    socket: Option<PathBuf>,
 }
 
 impl EmulatorHandle {
     /// A handle on the emulator listening at `socket`.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
         Self {
-            socket: socket.into(),
+            socket: Some(socket.into()),
         }
     }
 
-    /// The control socket's path.
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    /// The handle of a lab without an emulator (a clean WAN): its requests fail, saying so.
+    pub(crate) fn absent() -> Self {
+        Self { socket: None }
+    }
+
+    /// The control socket's path, if there is an emulator.
+    pub fn socket(&self) -> Option<&Path> {
+        self.socket.as_deref()
     }
 
     /// The emulator's counters now.
@@ -144,8 +150,11 @@ impl EmulatorHandle {
     }
 
     fn request(&self, request: &Request) -> Result<Response> {
-        let mut stream = UnixStream::connect(&self.socket)
-            .with_context(|| format!("connecting to the emulator at {}", self.socket.display()))?;
+        let Some(socket) = &self.socket else {
+            bail!("this lab's WAN is a kernel bridge: there is no emulator to ask");
+        };
+        let mut stream = UnixStream::connect(socket)
+            .with_context(|| format!("connecting to the emulator at {}", socket.display()))?;
         let mut line = serde_json::to_string(request)?;
         line.push('\n');
         stream.write_all(line.as_bytes())?;
