@@ -161,6 +161,14 @@ fn the_cli_sees_live_sessions_and_kills_one_and_metrics_move_with_traffic() {
     assert!(status["sessions"]["tunnel"].as_u64() >= Some(1), "{status}");
     assert_eq!(status["peers"][0]["name"], "gw-b");
     assert_eq!(status["peers"][0]["healthy"], true);
+    // The tunnel seals with the cipher both gateways' CPUs run fastest (the same CPU here).
+    let peers = cli_json(&lab, &["peers"]);
+    let cipher = if wsx_tunnel::hardware_aes() {
+        "aes-256-gcm"
+    } else {
+        "chacha20-poly1305"
+    };
+    assert_eq!(peers[0]["tunnel"]["cipher"], cipher, "{peers}");
     // What the open-file limit carries: limit - 64 of this process's limit, which the
     // daemon raised to the hard one (20,000 here, or whatever the host allows).
     let capacity = status["session_capacity"].as_u64().unwrap();

@@ -333,6 +333,9 @@ pub(crate) struct GatewayFigures {
     pub(crate) max_datagram: Option<u16>,
     #[serde(default)]
     pub(crate) datagram_bytes: u64,
+    /// The cipher gw-a's tunnel sealed its packets with.
+    #[serde(default)]
+    pub(crate) cipher: Option<String>,
     /// Tunnel packets gw-a sent with data, and those declared lost and sent again.
     pub(crate) packets_sent: u64,
     pub(crate) retransmitted: u64,
@@ -375,6 +378,7 @@ impl GatewayFigures {
             max_rate_mbit: settings.max_rate_mbit,
             max_datagram: settings.max_datagram,
             datagram_bytes: a.datagram_bytes,
+            cipher: a.cipher.clone(),
             packets_sent: a.data_packets_sent,
             retransmitted: a.packets_lost,
             recovered: a.fec_recovered_by_peer,
@@ -1308,10 +1312,11 @@ impl Record {
                 _ => String::new(),
             },
             self.gateways.as_ref().map_or(String::new(), |g| format!(
-                "{}, datagrams {} B{}, fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}, loss read {:.2}/{:.2} %, gw-b sent {} data {} ack-only {} parity",
+                "{}, datagrams {} B{}, {}, fec {} parity {:.1} %, recovered {} retransmitted {}, wire/plain {:.3}, loss read {:.2}/{:.2} %, gw-b sent {} data {} ack-only {} parity",
                 g.max_rate_mbit.map_or(String::new(), |m| format!(", max rate {m} Mbit/s")),
                 g.datagram_bytes,
                 g.max_datagram.map_or(String::new(), |d| format!(" (max_datagram {d})")),
+                g.cipher.as_deref().unwrap_or("cipher unknown"),
                 g.fec.as_str(),
                 g.fec_overhead * 100.0,
                 g.recovered,

@@ -95,6 +95,8 @@ pub(crate) struct Totals {
     pub(crate) shaper_bytes: Option<u64>,
     /// The largest datagram size a tunnel was using at the end (path MTU discovery).
     pub(crate) datagram_bytes: u64,
+    /// The cipher of the (last) tunnel.
+    pub(crate) cipher: Option<String>,
 }
 
 impl Totals {
@@ -117,6 +119,7 @@ impl Totals {
             totals.plain_sent += peer.compression.plain_sent;
             totals.wire_sent += peer.compression.wire_sent;
             totals.datagram_bytes = totals.datagram_bytes.max(t.datagram_bytes);
+            totals.cipher = t.cipher.or(totals.cipher);
         }
         Ok(totals)
     }
@@ -135,6 +138,8 @@ struct ApiPeer {
 struct ApiTunnel {
     #[serde(default)]
     datagram_bytes: u64,
+    #[serde(default)]
+    cipher: Option<String>,
     data_packets_sent: u64,
     ack_only_packets_sent: u64,
     packets_lost: u64,

@@ -118,6 +118,9 @@ pub struct Tunnel {
     pub datagram_bytes: u64,
     /// Times full-size packets stopped getting through and the size fell back to 1200.
     pub mtu_black_holes: u64,
+    /// The AEAD sealing the tunnel's packets: `aes-256-gcm` when both gateways have AES
+    /// instructions and allow it, `chacha20-poly1305` otherwise.
+    pub cipher: Option<String>,
     /// The congestion controller's phase (e.g. `rapid-start`, `optimal`).
     pub congestion_phase: Option<String>,
     /// The rate the tunnel paces at, and its estimate of the bottleneck.
@@ -333,6 +336,7 @@ impl Tunnel {
             min_rtt_seconds: s.min_rtt.as_secs_f64(),
             datagram_bytes: u64::from(s.datagram_size),
             mtu_black_holes: s.mtu.black_holes,
+            cipher: s.cipher.map(|c| c.as_str().to_owned()),
             congestion_phase: congestion.map(|c| c.phase.to_owned()),
             pacing_rate_bps: congestion.map_or(0, |c| c.pacing_rate.saturating_mul(8)),
             bottleneck_rate_bps: congestion.map_or(0, |c| c.bottleneck_rate.saturating_mul(8)),

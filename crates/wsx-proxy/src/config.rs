@@ -165,7 +165,7 @@ impl GatewayConfig {
 
     /// What of `new` differs from this running configuration in a way only a restart can
     /// apply: the key, the tunnel address, the transport settings the tunnel's endpoint took
-    /// at start (`max_datagram`, `max_rate`), the listeners, and interception on/off.
+    /// at start (`max_datagram`, `max_rate`, `aes_gcm`), the listeners, and interception on/off.
     pub(crate) fn needs_restart(&self, new: &GatewayConfig) -> Option<&'static str> {
         if new.secret.public_key() != self.secret.public_key() {
             return Some("the private key");
@@ -175,8 +175,9 @@ impl GatewayConfig {
         }
         if new.transport.max_datagram != self.transport.max_datagram
             || new.transport.max_rate != self.transport.max_rate
+            || new.transport.aes_gcm != self.transport.aes_gcm
         {
-            return Some("the tunnel's max_datagram or max_rate_mbit");
+            return Some("the tunnel's max_datagram, max_rate_mbit or cipher");
         }
         if new.sessions.memory_budget != self.sessions.memory_budget {
             return Some("memory_budget");

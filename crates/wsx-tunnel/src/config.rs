@@ -50,6 +50,10 @@ pub struct TransportConfig {
     pub fec: FecMode,
     /// The most parity per data packet FEC may add (0.25: a quarter more packets).
     pub fec_max_overhead: f64,
+    /// Offer AES-256-GCM for the data packets when this CPU has AES instructions; it is used
+    /// when the peer offers it too, ChaCha20-Poly1305 otherwise. `false` keeps every
+    /// connection on ChaCha20-Poly1305.
+    pub aes_gcm: bool,
 }
 
 /// When the sender adds Reed-Solomon parity to its packets (PROTOCOL.md §5.1). The receiver
@@ -84,6 +88,7 @@ impl Default for TransportConfig {
             handshake_attempts: 5,
             fec: FecMode::default(),
             fec_max_overhead: 0.25,
+            aes_gcm: true,
         }
     }
 }

@@ -67,7 +67,8 @@ pub use connection::{
     TransportError,
 };
 pub use crypto::{
-    KEY_LEN, KEY_UPDATE_INTERVAL, KEY_UPDATE_PACKETS, KeyError, PublicKey, SecretKey,
+    Cipher, KEY_LEN, KEY_UPDATE_INTERVAL, KEY_UPDATE_PACKETS, KeyError, PublicKey, SecretKey,
+    hardware_aes,
 };
 pub use endpoint::{ConnectError, ConnectionHandle, DatagramEvent, Endpoint, EndpointStats};
 pub use rtt::RttEstimator;

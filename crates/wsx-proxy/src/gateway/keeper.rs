@@ -169,7 +169,8 @@ impl Inner {
         if let Some(shaping) = self.shaping() {
             shaping.add_tunnel(&tunnel);
         }
-        info!(remote = %tunnel.remote_address(), rtt = ?tunnel.rtt(), "tunnel in service");
+        let cipher = tunnel.stats().cipher.map_or("none", |c| c.as_str());
+        info!(remote = %tunnel.remote_address(), rtt = ?tunnel.rtt(), cipher, "tunnel in service");
         let name = peer.config().name;
         let serve = self
             .clone()

@@ -12,7 +12,7 @@ use super::error::TransportError;
 use super::mtu::BASE_DATAGRAM;
 use super::params::{self, ParamsError, TransportParams};
 use crate::config::TransportConfig;
-use crate::crypto::{self, HandshakeError, Keys, PublicKey, SecretKey};
+use crate::crypto::{self, Cipher, HandshakeError, Keys, PublicKey, SecretKey};
 use crate::wire::header::{INITIATION_HEADER_LEN, RESPONSE_HEADER_LEN};
 use crate::wire::{Header, Packet, Reader, Writer};
 use std::time::{Duration, Instant};
@@ -29,6 +29,8 @@ pub(super) struct Initiation {
     attempts: u32,
     next_attempt: Option<Instant>,
     sent_at: Option<Instant>,
+    /// The ciphers the initiation in flight offered.
+    offered: u64,
 }
 
 /// What a valid response gives the initiator.
@@ -53,6 +55,7 @@ impl Initiation {
             attempts: 0,
             next_attempt: None,
             sent_at: None,
+            offered: 0,
         }
     }
 
@@ -98,7 +101,9 @@ impl Initiation {
         let mut w = Writer::new(&mut payload);
         let elapsed = now.saturating_duration_since(self.created);
         w.u64((self.unix_base + elapsed).as_nanos() as u64);
-        TransportParams::from_config(config).emit(&mut w);
+        let params = TransportParams::from_config(config);
+        params.emit(&mut w);
+        self.offered = params.ciphers;
         let payload_len = w.len().max(padded);
         let mut header = [0u8; INITIATION_HEADER_LEN];
         Header::Initiation { sender: local_id }.emit(&mut Writer::new(&mut header));
@@ -126,7 +131,7 @@ impl Initiation {
         let message = packet.body();
         // Padded (see `write`): as long as the message.
         let mut payload = vec![0u8; message.len()];
-        let (keys, n) = match crypto::finish(hs, message, &mut payload) {
+        let (split, n) = match crypto::finish(hs, message, &mut payload) {
             Ok(done) => done,
             Err(e) => {
                 tracing::trace!(error = %e, "handshake response rejected");
@@ -141,6 +146,7 @@ impl Initiation {
             .and_then(|id| Ok((id, TransportParams::parse(&mut r)?)))
             .map_err(|e| ResponseError::Violation(TransportError::violation(None, e)))?;
         let rtt = self.sent_at.map(|sent| now.saturating_duration_since(sent));
+        let keys = split.keys(Cipher::agree(self.offered, params.ciphers));
         Ok(Some(Response {
             remote_id,
             keys,
@@ -241,10 +247,11 @@ impl Incoming {
             .min(usize::from(BASE_DATAGRAM.min(config.max_datagram)));
         let padded = target.saturating_sub(RESPONSE_HEADER_LEN + crypto::RESPONSE_OVERHEAD);
         let mut payload = vec![0u8; padded.max(4 + params::MAX_LEN)];
+        let ours = TransportParams::from_config(config);
         let payload_len = {
             let mut w = Writer::new(&mut payload);
             w.u32(local_id);
-            TransportParams::from_config(config).emit(&mut w);
+            ours.emit(&mut w);
             w.len().max(padded)
         };
         let mut response = vec![0u8; RESPONSE_HEADER_LEN + crypto::RESPONSE_OVERHEAD + payload_len];
@@ -254,7 +261,8 @@ impl Incoming {
         }
         .emit(&mut Writer::new(&mut response));
         let out = &mut response[RESPONSE_HEADER_LEN..];
-        let (keys, n) = crypto::respond(self.handshake, &payload[..payload_len], out)?;
+        let (split, n) = crypto::respond(self.handshake, &payload[..payload_len], out)?;
+        let keys = split.keys(Cipher::agree(ours.ciphers, self.params.ciphers));
         response.truncate(RESPONSE_HEADER_LEN + n);
         debug_assert!(
             response.len() <= self.request_len,
@@ -338,6 +346,51 @@ mod tests {
         assert_eq!(response.rtt, Some(Duration::from_millis(40)));
         // The same response again finds no initiation in flight.
         assert!(init.on_response(t1, &packet).unwrap().is_none());
+    }
+
+    /// Both sides pick the same cipher from the two offers, and it seals and opens.
+    #[test]
+    fn both_sides_agree_on_the_cipher() {
+        let t0 = crate::test_epoch();
+        let aes = crypto::hardware_aes();
+        for (initiator_aes, responder_aes, expected) in [
+            (
+                true,
+                true,
+                if aes {
+                    Cipher::Aes256Gcm
+                } else {
+                    Cipher::ChaCha20Poly1305
+                },
+            ),
+            (true, false, Cipher::ChaCha20Poly1305),
+            (false, true, Cipher::ChaCha20Poly1305),
+        ] {
+            let (a, b) = (SecretKey::generate(), SecretKey::generate());
+            let with = |aes_gcm| TransportConfig {
+                aes_gcm,
+                ..TransportConfig::default()
+            };
+            let mut init = Initiation::new(a, t0, Duration::from_secs(1_700_000_000));
+            let mut buf = vec![0u8; 1500];
+            let n = init
+                .write(t0, &with(initiator_aes), 7, &b.public_key(), &mut buf)
+                .unwrap()
+                .unwrap();
+            let incoming = Incoming::read(&b, &buf[..n]).unwrap();
+            let mut accepted = incoming.respond(&with(responder_aes), 9).unwrap();
+            let packet = Packet::new_checked(&mut accepted.response[..]).unwrap();
+            let mut response = init.on_response(t0, &packet).unwrap().unwrap();
+            assert_eq!(
+                (response.keys.cipher(), accepted.keys.cipher()),
+                (expected, expected)
+            );
+            let phase = response.keys.send_phase(t0);
+            let mut data = *b"agreed";
+            let tag = response.keys.seal(1, b"h", &mut data);
+            assert!(accepted.keys.open(t0, phase, 1, b"h", &mut data, &tag));
+            assert_eq!(&data, b"agreed");
+        }
     }
 
     #[test]

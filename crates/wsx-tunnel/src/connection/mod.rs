@@ -394,6 +394,7 @@ impl Connection {
             receive_buffered: self.streams.receive_buffered(),
             datagram_size: self.recovery.mtu.current(),
             mtu: self.recovery.mtu.stats(),
+            cipher: self.keys.as_ref().map(Keys::cipher),
             ..self.stats
         }
     }

@@ -2,6 +2,7 @@
 //! (PROTOCOL.md §3.3), encrypted inside the Noise payload.
 
 use crate::config::TransportConfig;
+use crate::crypto::Cipher;
 use crate::wire::coding::{Reader, Truncated, Writer};
 use std::time::Duration;
 
@@ -13,10 +14,13 @@ pub(crate) struct TransportParams {
     pub(crate) max_datagram: u64,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_ack_delay: Duration,
+    /// The packet ciphers the sender can run (bits: 1 ChaCha20-Poly1305, 2 AES-256-GCM);
+    /// both sides pick the same one from the two offers ([`Cipher::agree`]).
+    pub(crate) ciphers: u64,
 }
 
-/// Encoded size bound: six varints.
-pub(crate) const MAX_LEN: usize = 6 * 8;
+/// Encoded size bound: seven varints.
+pub(crate) const MAX_LEN: usize = 7 * 8;
 
 /// The smallest datagram a peer may declare; below it no useful packet fits.
 const MIN_DATAGRAM: u64 = 1200;
@@ -30,6 +34,7 @@ impl TransportParams {
             max_datagram: u64::from(config.max_datagram),
             idle_timeout: config.idle_timeout,
             max_ack_delay: config.max_ack_delay,
+            ciphers: Cipher::offer(config.aes_gcm),
         }
     }
 
@@ -40,6 +45,7 @@ impl TransportParams {
         w.varint(self.max_datagram);
         w.varint(self.idle_timeout.as_millis() as u64);
         w.varint(self.max_ack_delay.as_micros() as u64);
+        w.varint(self.ciphers);
     }
 
     /// Parses the peer's parameters; values outside what the protocol allows are errors.
@@ -51,6 +57,9 @@ impl TransportParams {
             max_datagram: r.varint()?,
             idle_timeout: Duration::from_millis(r.varint()?),
             max_ack_delay: Duration::from_micros(r.varint()?),
+            // Added after the first six: a peer that predates it leaves the padding's zeros
+            // here (or nothing), which offers no cipher but the one every peer has.
+            ciphers: if r.is_empty() { 0 } else { r.varint()? },
         };
         if !(MIN_DATAGRAM..=65_527).contains(&params.max_datagram) {
             return Err(ParamsError::Invalid("max_datagram"));
@@ -91,8 +100,21 @@ mod tests {
             TransportParams::parse(&mut Reader::new(&buf[..n])),
             Ok(params)
         );
+        // Without the last parameter (a peer from before `ciphers`, with or without its
+        // padding's zeros) the offer is ChaCha20-Poly1305 alone; cut shorter, it is truncated.
+        let older = TransportParams {
+            ciphers: 0,
+            ..params
+        };
         assert_eq!(
             TransportParams::parse(&mut Reader::new(&buf[..n - 1])),
+            Ok(older)
+        );
+        let mut padded = buf;
+        padded[n - 1..].fill(0);
+        assert_eq!(TransportParams::parse(&mut Reader::new(&padded)), Ok(older));
+        assert_eq!(
+            TransportParams::parse(&mut Reader::new(&buf[..n - 2])),
             Err(ParamsError::Truncated)
         );
         let small = TransportParams {

@@ -3,6 +3,7 @@
 use super::fec::FecStats;
 use super::mtu::MtuStats;
 use crate::congestion::ControllerState;
+use crate::crypto::Cipher;
 use std::time::Duration;
 
 /// Counters of one connection.
@@ -49,6 +50,8 @@ pub struct ConnectionStats {
     pub datagram_size: u16,
     /// Path MTU discovery's probes and black holes.
     pub mtu: MtuStats,
+    /// The cipher sealing the data packets (`None` until the handshake completes).
+    pub cipher: Option<Cipher>,
 }
 
 impl ConnectionStats {

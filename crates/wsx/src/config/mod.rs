@@ -69,6 +69,20 @@ pub(crate) struct Tunnel {
     /// The largest UDP payload the tunnel sends or accepts, bytes (1200-9216; default 9000):
     /// a cap on path MTU discovery.
     pub(crate) max_datagram: Option<u16>,
+    /// The packet ciphers offered to peers.
+    #[serde(default)]
+    pub(crate) cipher: CipherChoice,
+}
+
+/// `tunnel.cipher`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum CipherChoice {
+    /// AES-256-GCM where both gateways have AES instructions, else ChaCha20-Poly1305.
+    #[default]
+    Auto,
+    /// ChaCha20-Poly1305 always.
+    Chacha20Poly1305,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -579,6 +593,7 @@ impl Loaded {
             }
             gateway.transport.max_datagram = size;
         }
+        gateway.transport.aes_gcm = c.tunnel.cipher == CipherChoice::Auto;
         gateway.intercept = c.intercept.as_ref().map(|i| {
             let mut intercept = InterceptConfig::default();
             intercept.port = i.port;
@@ -846,6 +861,23 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(c.sessions.memory_budget, 100 << 20);
+    }
+
+    #[test]
+    fn aes_gcm_is_offered_unless_the_cipher_is_pinned_to_chacha20_poly1305() {
+        let base = format!("[tunnel]\nprivate_key = \"{KEY_A}\"\n");
+        assert!(parse(&base).unwrap().transport.aes_gcm);
+        let auto = parse(&format!("{base}cipher = \"auto\"\n")).unwrap();
+        assert!(auto.transport.aes_gcm);
+        let chacha = parse(&format!("{base}cipher = \"chacha20-poly1305\"\n")).unwrap();
+        assert!(!chacha.transport.aes_gcm);
+        let e = parse(&format!("{base}cipher = \"aes-128-cbc\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tunnel.cipher") && e.contains("chacha20-poly1305"),
+            "{e}"
+        );
     }
 
     #[test]
