@@ -41,7 +41,8 @@ use crate::pacing::Pacer;
 use crate::replay::ReplayWindow;
 use crate::rtt::RttEstimator;
 use crate::streams::{
-    PeerLimits, Scheduler, StreamError, StreamEvent, StreamFrameSent, StreamLimits, Streams,
+    BUFFER_SWEEP, PeerLimits, Scheduler, StreamError, StreamEvent, StreamFrameSent, StreamLimits,
+    Streams,
 };
 use crate::wire::frame::MAX_REASON_LEN;
 use crate::wire::{StreamId, StreamMeta};
@@ -151,6 +152,8 @@ pub struct Connection {
     events: VecDeque<Event>,
     last_heard: Instant,
     last_sent: Instant,
+    /// When idle stream buffers are next looked for, while some are large.
+    next_buffer_sweep: Instant,
     close_frame: Option<(u64, Vec<u8>)>,
     close_resend: bool,
     stats: ConnectionStats,
@@ -202,6 +205,7 @@ impl Connection {
             events: VecDeque::new(),
             last_heard: setup.now,
             last_sent: setup.now,
+            next_buffer_sweep: setup.now,
             close_frame: None,
             close_resend: false,
             stats: ConnectionStats::default(),
@@ -451,6 +455,12 @@ impl Connection {
         self.streams.slots()
     }
 
+    /// Memory the streams' send and receive buffers hold.
+    #[cfg(test)]
+    pub(crate) fn stream_buffer_bytes(&self) -> usize {
+        self.streams.buffer_bytes()
+    }
+
     /// Entries in the streams' lists of blocked writers.
     #[cfg(test)]
     pub(crate) fn blocked_listed(&self) -> usize {
@@ -610,6 +620,12 @@ impl Connection {
             }
             let fec = self.recovery.fec.as_ref();
             timers.set(Timer::FecFlush, fec.and_then(|f| f.deadline()));
+            timers.set(
+                Timer::BufferSweep,
+                self.streams
+                    .holds_large_buffers()
+                    .then_some(self.next_buffer_sweep),
+            );
         }
         timers
     }
@@ -649,6 +665,10 @@ impl Connection {
                     if let Some(fec) = &mut self.recovery.fec {
                         fec.on_timeout(now);
                     }
+                }
+                Timer::BufferSweep => {
+                    self.streams.release_idle_buffers();
+                    self.next_buffer_sweep = now + BUFFER_SWEEP;
                 }
                 // Served by `poll_transmit`.
                 Timer::Ack | Timer::Pacing => {}

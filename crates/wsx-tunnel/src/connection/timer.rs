@@ -23,10 +23,12 @@ pub(super) enum Timer {
     Pacing,
     /// The open FEC block must be coded.
     FecFlush,
+    /// Streams holding large buffers are checked for idle ones to give back.
+    BufferSweep,
 }
 
 impl Timer {
-    const COUNT: usize = 8;
+    const COUNT: usize = 9;
     const ALL: [Timer; Self::COUNT] = [
         Timer::Close,
         Timer::HandshakeRetry,
@@ -36,6 +38,7 @@ impl Timer {
         Timer::KeepAlive,
         Timer::Pacing,
         Timer::FecFlush,
+        Timer::BufferSweep,
     ];
 }
 

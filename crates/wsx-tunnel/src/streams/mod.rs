@@ -21,8 +21,12 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-/// A stream buffer that empties gives memory back above this capacity.
+/// A stream buffer that stays empty gives memory back above this capacity
+/// ([`Streams::release_idle_buffers`]).
 const SHRINK_ABOVE: usize = 64 * 1024;
+/// How often a connection whose streams hold large buffers looks for idle ones: a buffer is
+/// given back after one to two of these without traffic.
+pub(crate) const BUFFER_SWEEP: std::time::Duration = std::time::Duration::from_secs(1);
 /// A stream may always buffer this much for sending (and queue it unsent), whatever its share
 /// of the connection's buffer and pace.
 const MIN_SHARE: u64 = 64 * 1024;
@@ -152,6 +156,10 @@ struct Stream {
     /// The application was told the end (`read` returned `Ok(None)`). Until then the stream
     /// is kept, so that the end is reported rather than an unknown stream.
     end_read: bool,
+    /// A buffer holds more than [`SHRINK_ABOVE`]: listed in `Streams::large`.
+    large: bool,
+    /// Data was written or received since the last [`Streams::release_idle_buffers`].
+    busy: bool,
 }
 
 impl Stream {
@@ -174,7 +182,22 @@ impl Stream {
             unsent_limit: u64::MAX,
             dscp: 0,
             end_read: false,
+            large: false,
+            busy: false,
         }
+    }
+
+    /// Notes traffic on the stream; `true` when a buffer just grew past [`SHRINK_ABOVE`]
+    /// and the stream must be listed in `Streams::large`.
+    fn note_traffic(&mut self) -> bool {
+        self.busy = true;
+        let newly = !self.large && self.holds_large_buffer();
+        self.large |= newly;
+        newly
+    }
+
+    fn holds_large_buffer(&self) -> bool {
+        self.send.capacity() > SHRINK_ABOVE || self.recv.capacity() > SHRINK_ABOVE
     }
 
     fn wants_to_send(&self, conn_credit: u64) -> bool {
@@ -265,6 +288,8 @@ pub(crate) struct Streams {
     /// of unsent bytes (the connection's pace, the stream's `unsent_limit`) was full.
     write_blocked: Vec<StreamId>,
     queue_blocked: Vec<StreamId>,
+    /// Streams with a buffer larger than [`SHRINK_ABOVE`], to be given back once idle.
+    large: Vec<StreamId>,
     events: VecDeque<StreamEvent>,
 }
 
@@ -296,8 +321,44 @@ impl Streams {
             max_stream_data: VecDeque::new(),
             write_blocked: Vec::new(),
             queue_blocked: Vec::new(),
+            large: Vec::new(),
             events: VecDeque::new(),
         }
+    }
+
+    /// Memory the streams' send and receive buffers hold.
+    #[cfg(test)]
+    pub(crate) fn buffer_bytes(&self) -> usize {
+        self.map
+            .values()
+            .map(|s| s.send.capacity() + s.recv.capacity())
+            .sum()
+    }
+
+    /// Whether some stream holds a buffer larger than [`SHRINK_ABOVE`]: the connection then
+    /// calls [`Streams::release_idle_buffers`] every [`BUFFER_SWEEP`].
+    pub(crate) fn holds_large_buffers(&self) -> bool {
+        !self.large.is_empty()
+    }
+
+    /// Gives back the memory of large buffers that are empty and saw no traffic since the
+    /// previous call. A buffer is not shrunk the moment it empties: a stream at full rate
+    /// empties its buffers many times a second, and shrinking and regrowing them cost the
+    /// receiving gateway a third of its CPU in fresh zeroed pages and their unmapping.
+    pub(crate) fn release_idle_buffers(&mut self) {
+        let map = &mut self.map;
+        self.large.retain(|id| {
+            let Some(stream) = map.get_mut(id) else {
+                return false;
+            };
+            if std::mem::take(&mut stream.busy) {
+                return true;
+            }
+            stream.send.release_if_empty();
+            stream.recv.release_if_empty();
+            stream.large = stream.holds_large_buffer();
+            stream.large
+        });
     }
 
     /// The peer's limits arrived with its handshake message.
@@ -464,6 +525,9 @@ impl Streams {
                 }
             }
             return Err(StreamError::Blocked);
+        }
+        if stream.note_traffic() {
+            self.large.push(id);
         }
         self.buffered += n as u64;
         self.unsent += n as u64;
@@ -980,11 +1044,15 @@ impl Streams {
             .recv
             .insert(f.offset, f.data, f.fin, stream.recv_max)
             .map_err(|e| StreamViolation::Recv(id, e))?;
+        let newly_large = stream.note_traffic();
         let announce = stream.meta.is_some()
             && !stream.readable_notified
             && (stream.recv.readable() > 0 || stream.recv.is_finished());
         if announce {
             stream.readable_notified = true;
+        }
+        if newly_large {
+            self.large.push(id);
         }
         self.received_data += grown;
         if self.received_data > self.recv_max_data {

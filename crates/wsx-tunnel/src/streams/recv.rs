@@ -113,10 +113,21 @@ impl RecvBuf {
         self.data.drain(..n);
         self.received.remove(self.read..self.read + n as u64);
         self.read += n as u64;
+        n
+    }
+
+    /// Bytes of memory the buffer holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.data.capacity()
+    }
+
+    /// Gives memory above [`SHRINK_ABOVE`] back, if nothing is buffered. Not done on every
+    /// read that empties the buffer: a stream flowing fast empties it many times a second,
+    /// and each shrink and regrowth costs fresh pages, zeroed, and their unmapping.
+    pub(crate) fn release_if_empty(&mut self) {
         if self.data.is_empty() && self.data.capacity() > SHRINK_ABOVE {
             self.data.shrink_to(SHRINK_ABOVE);
         }
-        n
     }
 
     /// Drops everything buffered (the stream was reset).

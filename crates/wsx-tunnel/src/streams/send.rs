@@ -171,6 +171,16 @@ impl SendBuf {
             self.data.drain(..n);
             self.base = first.end;
         }
+    }
+
+    /// Bytes of memory the buffer holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.data.capacity()
+    }
+
+    /// Gives memory above [`SHRINK_ABOVE`] back, if nothing is buffered (see
+    /// `RecvBuf::release_if_empty`).
+    pub(crate) fn release_if_empty(&mut self) {
         if self.data.is_empty() && self.data.capacity() > SHRINK_ABOVE {
             self.data.shrink_to(SHRINK_ABOVE);
         }

@@ -599,6 +599,71 @@ fn each_burst_carries_the_dscp_of_its_streams() {
     assert_eq!(marked, 0, "{sent:?}");
 }
 
+/// A stream's buffers keep their memory while data flows (shrinking one each time a fast
+/// stream empties it cost the receiving gateway a third of its CPU), and give it back once
+/// the stream, still open, goes quiet.
+#[test]
+fn an_open_stream_keeps_its_buffers_while_busy_and_gives_them_back_when_quiet() {
+    const SHRINK_ABOVE: usize = 64 * 1024;
+    let mut pair = pair(LinkConfig::new(RTT, 100), 14);
+    pair.connect();
+    let id = pair.client().open_stream(StreamMeta::default()).unwrap();
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut written, mut read) = (0, 0);
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut peak = [0usize; 2];
+    let mut steps = 0u64;
+    while read < data.len() {
+        if written < data.len() {
+            if let Ok(n) = pair.client().write(id, &data[written..]) {
+                written += n;
+            }
+        }
+        assert!(pair.step(), "the simulation went idle");
+        // The reader drains what arrived in batches, as a relay does between its wake-ups.
+        steps += 1;
+        if steps % 64 == 0 || written == data.len() {
+            while let Ok(Some(n)) = pair.server().read(id, &mut buf) {
+                assert_eq!(&buf[..n], &data[read..read + n]);
+                read += n;
+            }
+        }
+        let now = [
+            pair.client().stream_buffer_bytes(),
+            pair.server().stream_buffer_bytes(),
+        ];
+        for side in 0..2 {
+            // Once large, a buffer does not shrink while the transfer runs.
+            if peak[side] > SHRINK_ABOVE && read < data.len() {
+                assert!(
+                    now[side] >= peak[side],
+                    "side {side} shrank to {} from {} mid-transfer",
+                    now[side],
+                    peak[side]
+                );
+            }
+            peak[side] = peak[side].max(now[side]);
+        }
+    }
+    assert!(peak.iter().all(|&p| p > SHRINK_ABOVE), "{peak:?}");
+    // Quiet, the stream still open: within two sweeps both sides hold no more than the floor.
+    let quiet = pair.now;
+    pair.run_until(Duration::from_secs(3), |p| {
+        p.client().stream_buffer_bytes() <= 2 * SHRINK_ABOVE
+            && p.server().stream_buffer_bytes() <= 2 * SHRINK_ABOVE
+    });
+    assert!(
+        pair.now - quiet <= Duration::from_millis(2100),
+        "{:?}",
+        pair.now - quiet
+    );
+    // And the stream still works.
+    assert_eq!(pair.client().write(id, b"more").unwrap(), 4);
+    pair.run_until(Duration::from_secs(2), |p| {
+        matches!(p.server().read(id, &mut [0u8; 8]), Ok(Some(4)))
+    });
+}
+
 /// A thousand streams, opened at once over a lossy path, all complete intact; afterwards no
 /// stream state is left, the buffers were bounded by the windows, and the room the burst
 /// took in the stream maps is given back.
