@@ -1293,12 +1293,27 @@ pub(crate) fn jain(xs: &[f64]) -> f64 {
 }
 
 impl Record {
+    /// RTT (ms), loss (%) and rate (Mbit/s) of the emulated WAN, or dashes on a clean veth,
+    /// which has none of them.
+    fn wan_cells(&self) -> [String; 3] {
+        if self.mode.is_veth() {
+            ["-".into(), "-".into(), "-".into()]
+        } else {
+            [
+                self.rtt_ms.to_string(),
+                self.loss_pct.to_string(),
+                self.rate_mbit.to_string(),
+            ]
+        }
+    }
+
     pub(crate) fn summary(&self) -> String {
+        let [rtt, loss, _] = self.wan_cells();
         format!(
             "{:<12} {:>5} ms {:>4} % {:>2} flow(s): {:>8.2} Mbit/s ({:>5.1} %, steady {:>5.1} %), t90 {}, queue p95 {}, rev/fwd {:.3}, cpu emu {:.2} s{}{}{}{}{}",
             self.mode.label(),
-            self.rtt_ms,
-            self.loss_pct,
+            rtt,
+            loss,
             self.flows,
             self.goodput_mbit,
             self.utilization * 100.0,
@@ -1361,14 +1376,15 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     for r in records {
+        let [rtt, loss, rate] = r.wan_cells();
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {:.1} | {} | {} | {:.3} | {:.3} | {} | {:.2} / {:.2} | {} |",
             r.mode.label(),
             r.cc.as_deref().unwrap_or("-"),
-            r.rtt_ms,
-            r.loss_pct,
-            r.rate_mbit,
+            rtt,
+            loss,
+            rate,
             r.flows,
             r.goodput_mbit,
             r.utilization * 100.0,
@@ -1398,13 +1414,15 @@ pub(crate) fn markdown_table(records: &[Record]) -> String {
         s += "\n| RTT ms | loss | payload | FEC | compression | goodput Mbit/s | util % | retransmitted | recovered by FEC | parity/data % | wire/plain | CPU s/GB gw-a / gw-b | verified |\n\
               |---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
         for (r, g) in gateway_rows {
+            let [rtt, loss, _] = r.wan_cells();
             let _ = writeln!(
                 s,
-                "| {} | {} | {:?} | {} | {} | {:.1} | {:.1} | {} | {} | {:.1} | {:.3} | {:.1} / {:.1} | {} |",
-                r.rtt_ms,
+                "| {} | {} | {:?} | {} | {} | {:.1} | {:.1} | {} | {} | {:.1} | {:.3} | {:.2} / {:.2} | {} |",
+                rtt,
                 match (r.burst_p_pct, r.burst_r_pct) {
-                    (Some(p), Some(q)) => format!("{} % + burst {p}/{q} %", r.loss_pct),
-                    _ => format!("{} %", r.loss_pct),
+                    (Some(p), Some(q)) => format!("{loss} % + burst {p}/{q} %"),
+                    _ if r.mode.is_veth() => loss,
+                    _ => format!("{loss} %"),
                 },
                 r.payload,
                 g.fec.as_str(),
