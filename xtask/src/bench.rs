@@ -583,21 +583,29 @@ fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
         } else {
             vec![Fec::Adaptive]
         };
+        let binaries: Vec<Option<PathBuf>> = if mode.is_wsx() && !args.wsx_binary.is_empty() {
+            args.wsx_binary.iter().cloned().map(Some).collect()
+        } else {
+            vec![None]
+        };
         for fec in fecs {
-            cases.push(ExchangeCase {
-                mode,
-                wan: args.wan.clone(),
-                ipv6: args.ipv6,
-                exchanges,
-                answer_bytes: args.answer_kib * 1024,
-                gateways: Settings {
-                    fec,
-                    compression: !args.no_compression,
-                    shape_kbit: None,
-                    max_rate_mbit: args.max_rate_mbit,
-                    max_datagram: None,
-                },
-            });
+            for wsx_binary in &binaries {
+                cases.push(ExchangeCase {
+                    mode,
+                    wan: args.wan.clone(),
+                    ipv6: args.ipv6,
+                    exchanges,
+                    answer_bytes: args.answer_kib * 1024,
+                    gateways: Settings {
+                        fec,
+                        compression: !args.no_compression,
+                        shape_kbit: None,
+                        max_rate_mbit: args.max_rate_mbit,
+                        max_datagram: None,
+                    },
+                    wsx_binary: wsx_binary.clone(),
+                });
+            }
         }
     }
     let binary = crate::build_lab_binary()?;

@@ -28,6 +28,8 @@ pub(crate) struct ExchangeCase {
     pub(crate) answer_bytes: usize,
     /// The gateways' settings in the wsx modes.
     pub(crate) gateways: Settings,
+    /// The gateways' binary, if not the one just built.
+    pub(crate) wsx_binary: Option<std::path::PathBuf>,
 }
 
 /// Its record (a JSON line).
@@ -39,6 +41,9 @@ pub(crate) struct ExchangeRecord {
     /// The gateways' FEC and stated rate, in the wsx modes.
     pub(crate) fec: Option<Fec>,
     pub(crate) max_rate_mbit: Option<f64>,
+    /// The gateways' binary, if not the one just built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) wsx_binary: Option<std::path::PathBuf>,
     pub(crate) ip: &'static str,
     pub(crate) rtt_ms: f64,
     pub(crate) loss_pct: f64,
@@ -117,10 +122,13 @@ fn run_case(case: &ExchangeCase, binary: &Path) -> Result<ExchangeRecord> {
     let server = std::net::SocketAddr::new(addr::server(case.ipv6), 5201);
     let entry = case.mode.entry(case.ipv6, server);
     let gateways = match case.mode {
-        Mode::Wsx | Mode::WsxForward => Some(Pair::start(
+        Mode::Wsx | Mode::WsxForward => Some(Pair::start_binary(
             &lab,
             &work,
-            binary,
+            &case
+                .wsx_binary
+                .clone()
+                .unwrap_or_else(|| binary.with_file_name("wsx")),
             case.gateways,
             (entry != server).then_some((entry, server)),
         )?),
@@ -205,6 +213,7 @@ fn run_case(case: &ExchangeCase, binary: &Path) -> Result<ExchangeRecord> {
         cc: cc.map(String::from),
         fec: case.mode.is_wsx().then_some(case.gateways.fec),
         max_rate_mbit: case.gateways.max_rate_mbit.filter(|_| case.mode.is_wsx()),
+        wsx_binary: case.wsx_binary.clone(),
         ip: if case.ipv6 { "ipv6" } else { "ipv4" },
         rtt_ms: case.wan.rtt_ms,
         loss_pct: case.wan.loss_pct,
@@ -264,8 +273,11 @@ impl ExchangeRecord {
             self.first_ms,
             self.mean_ms,
             self.ideal_ms,
-            if self.verified { "" } else { " NOT VERIFIED" }
-        )
+            if self.verified { "" } else { " NOT VERIFIED" },
+        ) + &self
+            .wsx_binary
+            .as_ref()
+            .map_or(String::new(), |b| format!(", binary {}", b.display()))
     }
 }
 
