@@ -499,6 +499,13 @@ impl Connection {
         self.streams.readable(id)
     }
 
+    /// Whether everything up to the end of a STREAM frame its sender marked PUSH (the end of
+    /// what the peer's application had written) or FIN is here and not yet read: a reader
+    /// should get it without waiting for more.
+    pub fn pushed(&self, id: StreamId) -> bool {
+        self.streams.pushed(id)
+    }
+
     /// How many bytes `read` would return now (contiguous data not yet read).
     pub fn readable_bytes(&self, id: StreamId) -> usize {
         self.streams.readable_bytes(id)

@@ -22,9 +22,11 @@
 //!
 //! Reader wake-ups: at 100 Mbit/s paced datagrams arrive one at a time, and waking a stream's
 //! reader for each would cost a task wake-up and a small write to the far socket per datagram.
-//! A reader woken for data is therefore woken again at most once per millisecond (RTT/8 on
-//! shorter paths), or sooner once 64 KiB wait. The first data after a quiet spell wakes it at
-//! once, so a request that arrives alone is not delayed.
+//! A reader woken for data is therefore woken again at most every 4 ms while a flow streams
+//! (RTT/8 on shorter paths), or sooner once 64 KiB wait. The end of what the peer's
+//! application had written (a STREAM frame marked PUSH, or FIN) wakes it within 1 ms instead,
+//! so the tail of an answer is not held back; and the first data after a quiet spell wakes it
+//! at once, so a request that arrives alone is not delayed.
 //!
 //! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
@@ -70,8 +72,11 @@ const RECEIVE_CALLS_PER_ROUND: usize = 16;
 const TRANSMITS_PER_ROUND: usize = 64;
 
 /// The longest a stream reader's wake-up waits for more data after the reader was last woken
-/// for data; see the module documentation. A path shorter than 8 ms waits RTT/8.
-const MAX_READ_DELAY: Duration = Duration::from_millis(1);
+/// for data; see the module documentation. A path shorter than 32 ms waits RTT/8.
+const MAX_READ_DELAY: Duration = Duration::from_millis(4);
+
+/// The same once the data up to a PUSH (the end of what the peer had to send) is in.
+const MAX_PUSH_DELAY: Duration = Duration::from_millis(1);
 
 /// Bytes waiting for a stream reader that wake it without further delay.
 const READ_LOW_WATER: usize = 64 * 1024;
@@ -601,16 +606,22 @@ impl LinkState {
     }
 
     /// Wakes each reader waiting for data that has arrived, unless it was woken for data
-    /// less than the read delay ago and fewer than [`READ_LOW_WATER`] bytes wait; those
-    /// stay deferred until `wake_readers_at`.
+    /// less than the read delay ago (shorter once a PUSH is in) and fewer than
+    /// [`READ_LOW_WATER`] bytes wait; those stay deferred until `wake_readers_at`.
     fn wake_readers(&mut self, now: Instant) {
-        let delay = (self.connection.rtt().smoothed() / 8).min(MAX_READ_DELAY);
+        let eighth = self.connection.rtt().smoothed() / 8;
+        let (streaming, pushed) = (eighth.min(MAX_READ_DELAY), eighth.min(MAX_PUSH_DELAY));
         let mut next: Option<Instant> = None;
         let (streams, connection) = (&mut self.streams, &self.connection);
         self.deferred.retain(|&id| {
             // Without a waiting reader there is nobody to wake: it reads before it waits.
             let Some(slot) = streams.get_mut(&id).filter(|s| s.reader.is_some()) else {
                 return false;
+            };
+            let delay = if connection.pushed(id) {
+                pushed
+            } else {
+                streaming
             };
             let due = slot.last_woken.map_or(now, |at| at + delay);
             if due <= now || connection.readable_bytes(id) >= READ_LOW_WATER {

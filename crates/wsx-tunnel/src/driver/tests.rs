@@ -26,8 +26,14 @@ impl Reader {
 }
 
 /// The receiving connection of a simulated path of `rtt` once `bytes` of one stream have
-/// arrived there, in the state the driver keeps, with a reader for the stream.
-fn receiving(bytes: usize, rtt: Duration) -> (LinkState, StreamId, Arc<Reader>, Instant) {
+/// arrived there, in the state the driver keeps, with a reader for the stream. The sender
+/// wrote `written` bytes: more than `bytes`, the data in is part of a flow still streaming
+/// (no PUSH yet); as many, it is all the sender had (its last frame carries PUSH).
+fn receiving(
+    bytes: usize,
+    written: usize,
+    rtt: Duration,
+) -> (LinkState, StreamId, Arc<Reader>, Instant) {
     let link = LinkConfig::new(rtt, 100);
     let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 1);
     pair.connect();
@@ -36,10 +42,11 @@ fn receiving(bytes: usize, rtt: Duration) -> (LinkState, StreamId, Arc<Reader>, 
         ..StreamMeta::default()
     };
     let id = pair.client().open_stream(meta).expect("room for a stream");
-    assert_eq!(pair.client().write(id, &vec![7; bytes]), Ok(bytes));
+    assert_eq!(pair.client().write(id, &vec![7; written]), Ok(written));
     pair.run_until(Duration::from_secs(5), |p| {
         p.server().readable_bytes(id) >= bytes
     });
+    assert_eq!(pair.server().pushed(id), written <= bytes);
     let (_, connection) = pair.sides[1]
         .connections
         .pop_first()
@@ -60,7 +67,7 @@ fn data_arrives(state: &mut LinkState, id: StreamId, reader: &Arc<Reader>, now: 
 
 #[test]
 fn a_reader_is_woken_at_once_after_a_quiet_spell_then_at_most_once_per_read_delay() {
-    let (mut state, id, reader, start) = receiving(1_000, 40 * MAX_READ_DELAY);
+    let (mut state, id, reader, start) = receiving(1_000, 200_000, 40 * MAX_READ_DELAY);
     assert!(state.connection.rtt().smoothed() / 8 >= MAX_READ_DELAY);
 
     data_arrives(&mut state, id, &reader, start);
@@ -93,7 +100,8 @@ fn a_reader_is_woken_at_once_after_a_quiet_spell_then_at_most_once_per_read_dela
 
 #[test]
 fn enough_waiting_data_wakes_a_reader_without_delay() {
-    let (mut state, id, reader, start) = receiving(READ_LOW_WATER, 40 * MAX_READ_DELAY);
+    let (mut state, id, reader, start) =
+        receiving(READ_LOW_WATER, 4 * READ_LOW_WATER, 40 * MAX_READ_DELAY);
     data_arrives(&mut state, id, &reader, start);
     data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
     assert_eq!(reader.woken(), 2);
@@ -102,12 +110,26 @@ fn enough_waiting_data_wakes_a_reader_without_delay() {
 
 #[test]
 fn on_a_short_path_the_read_delay_is_an_eighth_of_the_round_trip() {
-    let (mut state, id, reader, start) = receiving(1_000, 2 * MAX_READ_DELAY);
+    let (mut state, id, reader, start) = receiving(1_000, 200_000, 2 * MAX_READ_DELAY);
     data_arrives(&mut state, id, &reader, start);
     data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
     let delay = state.connection.rtt().smoothed() / 8;
     assert!(delay < MAX_READ_DELAY);
     assert_eq!(state.wake_readers_at, Some(start + delay));
+}
+
+/// The end of what the sender had written (a PUSH) wakes a reader after the shorter delay:
+/// the tail of an answer is not held back as long as a streaming flow's data is.
+#[test]
+fn the_end_of_what_the_peer_wrote_wakes_the_reader_sooner() {
+    let (mut state, id, reader, start) = receiving(30_000, 30_000, 40 * MAX_READ_DELAY);
+    data_arrives(&mut state, id, &reader, start);
+    data_arrives(&mut state, id, &reader, start + Duration::from_micros(10));
+    assert_eq!(reader.woken(), 1);
+    assert!(MAX_PUSH_DELAY < MAX_READ_DELAY);
+    assert_eq!(state.wake_readers_at, Some(start + MAX_PUSH_DELAY));
+    state.dispatch_events(start + MAX_PUSH_DELAY);
+    assert_eq!(reader.woken(), 2);
 }
 
 /// Stops a hung test; nothing asserts on how long anything took.

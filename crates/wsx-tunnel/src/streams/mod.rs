@@ -639,6 +639,13 @@ impl Streams {
             .is_some_and(|s| s.recv.readable() > 0 || s.recv.is_finished())
     }
 
+    /// Whether stream `id` holds, contiguous from the read position, everything up to the
+    /// end of a frame its sender marked PUSH (or FIN): the end of what the peer had to send
+    /// for now, which its reader should get without delay.
+    pub(crate) fn pushed(&self, id: StreamId) -> bool {
+        self.map.get(&id).is_some_and(|s| s.recv.pushed())
+    }
+
     pub(crate) fn readable_bytes(&self, id: StreamId) -> usize {
         self.map.get(&id).map_or(0, |s| s.recv.readable())
     }
@@ -805,6 +812,7 @@ impl Streams {
                 offset: stream.send.written(),
                 len: w.remaining(),
                 fin: false,
+                push: false,
             };
             let room = (w.remaining().saturating_sub(longest.encoded_len())).min(turn.max_bytes);
             let mut bytes = 0;
@@ -814,6 +822,9 @@ impl Streams {
                     offset: chunk.offset,
                     len: chunk.len,
                     fin: chunk.fin,
+                    // It carries the last byte written so far: the peer should not wait for
+                    // more before handing it over.
+                    push: chunk.offset + chunk.len as u64 == stream.send.written(),
                 };
                 header.encode(w);
                 stream.send.copy(chunk.offset, w.reserve(chunk.len));
@@ -1044,6 +1055,9 @@ impl Streams {
             .recv
             .insert(f.offset, f.data, f.fin, stream.recv_max)
             .map_err(|e| StreamViolation::Recv(id, e))?;
+        if f.push || f.fin {
+            stream.recv.push_to(f.offset + f.data.len() as u64);
+        }
         let newly_large = stream.note_traffic();
         let announce = stream.meta.is_some()
             && !stream.readable_notified

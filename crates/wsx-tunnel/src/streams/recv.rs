@@ -21,6 +21,8 @@ pub(crate) struct RecvBuf {
     end: Option<u64>,
     /// Highest offset received.
     highest: u64,
+    /// The end of the furthest frame marked PUSH or FIN.
+    push_to: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -80,6 +82,16 @@ impl RecvBuf {
         write_at(&mut self.data, (start - self.read) as usize, &data[skip..]);
         self.received.insert(start..end);
         Ok(grown)
+    }
+
+    /// Notes that the sender marked offset `end` as the end of what it had to send.
+    pub(crate) fn push_to(&mut self, end: u64) {
+        self.push_to = self.push_to.max(end);
+    }
+
+    /// Whether the bytes up to the furthest PUSH are all here and not all read.
+    pub(crate) fn pushed(&self) -> bool {
+        self.push_to > self.read && self.read + self.readable() as u64 >= self.push_to
     }
 
     /// Contiguous bytes ready for the application.
@@ -165,6 +177,22 @@ mod tests {
         assert_eq!(buf.read(&mut out), 10);
         assert_eq!(&out[..10], b"helloworld");
         assert!(buf.is_finished());
+    }
+
+    #[test]
+    fn a_push_counts_once_everything_before_it_is_in_and_until_it_is_read() {
+        let mut buf = RecvBuf::default();
+        assert!(!buf.pushed());
+        buf.insert(10, b"tail", false, 100).unwrap();
+        buf.push_to(14);
+        assert!(!buf.pushed(), "a hole before the push");
+        buf.insert(0, b"0123456789", false, 100).unwrap();
+        assert!(buf.pushed());
+        let mut out = [0u8; 8];
+        buf.read(&mut out);
+        assert!(buf.pushed(), "part of it is still unread");
+        buf.read(&mut out);
+        assert!(!buf.pushed(), "all read");
     }
 
     #[test]

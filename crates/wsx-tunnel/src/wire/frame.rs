@@ -26,10 +26,12 @@ const OPEN: u64 = 0x08;
 const RESET: u64 = 0x09;
 /// Packets the receiver rebuilt from parity: laid out as ACK, with a zero delay.
 pub(crate) const RECOVERED: u64 = 0x0a;
-/// STREAM frames use types 0x10-0x13: bit 0 is FIN, bit 1 says an explicit length follows.
+/// STREAM frames use types 0x10-0x17: bit 0 is FIN, bit 1 says an explicit length follows,
+/// bit 2 is PUSH (the frame ends what the sender had been given so far).
 const STREAM: u64 = 0x10;
 const STREAM_FIN: u64 = 0x01;
 const STREAM_LEN: u64 = 0x02;
+const STREAM_PUSH: u64 = 0x04;
 
 /// The most ACK ranges a frame may carry. Senders write fewer when space is short; a frame
 /// with more is malformed.
@@ -79,6 +81,9 @@ pub(crate) struct StreamFrame<'a> {
     pub(crate) id: StreamId,
     pub(crate) offset: u64,
     pub(crate) fin: bool,
+    /// The data ends at the last byte the sender's application had written when the frame
+    /// was built: the receiver should hand it over now rather than wait for more.
+    pub(crate) push: bool,
     pub(crate) data: &'a [u8],
 }
 
@@ -89,6 +94,7 @@ pub(crate) struct StreamHeader {
     pub(crate) offset: u64,
     pub(crate) len: usize,
     pub(crate) fin: bool,
+    pub(crate) push: bool,
 }
 
 impl StreamHeader {
@@ -97,7 +103,9 @@ impl StreamHeader {
     }
 
     pub(crate) fn encode(&self, w: &mut Writer<'_>) {
-        w.varint(STREAM | STREAM_LEN | if self.fin { STREAM_FIN } else { 0 });
+        let fin = if self.fin { STREAM_FIN } else { 0 };
+        let push = if self.push { STREAM_PUSH } else { 0 };
+        w.varint(STREAM | STREAM_LEN | fin | push);
         w.varint(self.id.0);
         w.varint(self.offset);
         w.varint(self.len as u64);
@@ -359,6 +367,7 @@ impl StreamFrame<'_> {
             offset: self.offset,
             len: self.data.len(),
             fin: self.fin,
+            push: self.push,
         }
     }
 }
@@ -420,7 +429,7 @@ impl<'a> Frames<'a> {
                 code: r.varint()?,
                 final_size: r.varint()?,
             },
-            t if t & !(STREAM_FIN | STREAM_LEN) == STREAM => {
+            t if t & !(STREAM_FIN | STREAM_LEN | STREAM_PUSH) == STREAM => {
                 let id = StreamId(r.varint()?);
                 let offset = r.varint()?;
                 let data = if t & STREAM_LEN != 0 {
@@ -439,6 +448,7 @@ impl<'a> Frames<'a> {
                     id,
                     offset,
                     fin: t & STREAM_FIN != 0,
+                    push: t & STREAM_PUSH != 0,
                     data,
                 })
             }
@@ -670,6 +680,7 @@ mod tests {
             offset: 1 << 40,
             len: 3,
             fin: true,
+            push: true,
         };
         header.encode(&mut w);
         w.bytes(b"abc");
@@ -681,6 +692,7 @@ mod tests {
                 id: StreamId(9),
                 offset: 1 << 40,
                 fin: true,
+                push: true,
                 data: b"abc",
             })])
         );
@@ -748,6 +760,7 @@ mod tests {
                 id: StreamId(1),
                 offset: 16_383,
                 fin: false,
+                push: false,
                 data: b"data",
             }),
         ];
