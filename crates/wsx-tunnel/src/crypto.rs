@@ -25,6 +25,7 @@ use ring::aead::{
 use snow::params::DHChoice;
 use snow::resolvers::{CryptoResolver, DefaultResolver};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -337,11 +338,12 @@ pub fn hardware_aes() -> bool {
 
 /// One direction's AEAD key.
 struct PacketKey {
-    /// The raw key, kept to derive the next one and erased on drop (ring's expanded key state
-    /// cannot be erased from outside).
+    /// The raw key, kept to derive the next one. Erased on drop, with `aead`.
     key: [u8; KEY_LEN],
     cipher: Cipher,
-    aead: LessSafeKey,
+    /// ring's key state: the key itself (ChaCha20) or its schedule, whose first round keys
+    /// are the key (AES). ring does not erase it, so `drop` does.
+    aead: ManuallyDrop<LessSafeKey>,
 }
 
 impl PacketKey {
@@ -349,7 +351,7 @@ impl PacketKey {
         let unbound = UnboundKey::new(cipher.algorithm(), &key)
             .expect("both ciphers take 32-byte keys, as KEY_LEN");
         Self {
-            aead: LessSafeKey::new(unbound),
+            aead: ManuallyDrop::new(LessSafeKey::new(unbound)),
             cipher,
             key,
         }
@@ -398,6 +400,17 @@ impl Drop for PacketKey {
         for b in &mut self.key {
             // SAFETY: `b` is a valid, aligned, exclusive reference to a byte.
             unsafe { std::ptr::write_volatile(b, 0) };
+        }
+        let aead: *mut LessSafeKey = &mut *self.aead;
+        // SAFETY: `aead` is dropped once, here, and never used again (it is `ManuallyDrop`,
+        // and this is `PacketKey`'s drop). Its storage is inline (no heap parts) and ours
+        // alone: once its value is dropped, overwriting those dead bytes is sound.
+        unsafe {
+            std::ptr::drop_in_place(aead);
+            let bytes = aead.cast::<u8>();
+            for i in 0..std::mem::size_of::<LessSafeKey>() {
+                std::ptr::write_volatile(bytes.add(i), 0);
+            }
         }
     }
 }

@@ -58,7 +58,7 @@ pub(crate) use handshake::parse_initiation_payload;
 pub(crate) use handshake::{Accepted, Incoming, Rejected};
 pub use mtu::MtuStats;
 pub(crate) use mtu::{BASE_DATAGRAM, PathMtu};
-use params::TransportParams;
+use params::{EXTENSION_PUSH, TransportParams};
 use recovery::{FrameOutcome, Recovery, SentFrame, Timeout};
 pub use stats::ConnectionStats;
 use std::collections::VecDeque;
@@ -178,6 +178,7 @@ impl Connection {
             max_streams: 0,
             stream_window: 0,
             connection_window: 0,
+            push: false,
         };
         Self {
             streams: Streams::new(initiator, limits, no_credit),
@@ -241,6 +242,7 @@ impl Connection {
             max_streams: params.max_streams,
             stream_window: params.stream_window,
             connection_window: params.connection_window,
+            push: params.extensions & EXTENSION_PUSH != 0,
         });
         let cap = self.datagram_cap();
         self.recovery.mtu.set_cap(cap as u16);

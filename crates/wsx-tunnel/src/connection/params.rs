@@ -17,10 +17,15 @@ pub(crate) struct TransportParams {
     /// The packet ciphers the sender can run (bits: 1 ChaCha20-Poly1305, 2 AES-256-GCM);
     /// both sides pick the same one from the two offers ([`Cipher::agree`]).
     pub(crate) ciphers: u64,
+    /// What the sender understands beyond version 1 as first specified ([`EXTENSION_PUSH`]).
+    pub(crate) extensions: u64,
 }
 
-/// Encoded size bound: seven varints.
-pub(crate) const MAX_LEN: usize = 7 * 8;
+/// In `extensions`: the sender parses STREAM frames with the PUSH bit, so the peer may set it.
+pub(crate) const EXTENSION_PUSH: u64 = 1;
+
+/// Encoded size bound: eight varints.
+pub(crate) const MAX_LEN: usize = 8 * 8;
 
 /// The smallest datagram a peer may declare; below it no useful packet fits.
 const MIN_DATAGRAM: u64 = 1200;
@@ -35,6 +40,7 @@ impl TransportParams {
             idle_timeout: config.idle_timeout,
             max_ack_delay: config.max_ack_delay,
             ciphers: Cipher::offer(config.aes_gcm),
+            extensions: EXTENSION_PUSH,
         }
     }
 
@@ -46,6 +52,7 @@ impl TransportParams {
         w.varint(self.idle_timeout.as_millis() as u64);
         w.varint(self.max_ack_delay.as_micros() as u64);
         w.varint(self.ciphers);
+        w.varint(self.extensions);
     }
 
     /// Parses the peer's parameters; values outside what the protocol allows are errors.
@@ -57,9 +64,11 @@ impl TransportParams {
             max_datagram: r.varint()?,
             idle_timeout: Duration::from_millis(r.varint()?),
             max_ack_delay: Duration::from_micros(r.varint()?),
-            // Added after the first six: a peer that predates it leaves the padding's zeros
-            // here (or nothing), which offers no cipher but the one every peer has.
+            // Added after the first six: a peer that predates them leaves the padding's
+            // zeros here (or nothing), which offers no cipher but the one every peer has and
+            // no extension.
             ciphers: if r.is_empty() { 0 } else { r.varint()? },
+            extensions: if r.is_empty() { 0 } else { r.varint()? },
         };
         if !(MIN_DATAGRAM..=65_527).contains(&params.max_datagram) {
             return Err(ParamsError::Invalid("max_datagram"));
@@ -100,21 +109,30 @@ mod tests {
             TransportParams::parse(&mut Reader::new(&buf[..n])),
             Ok(params)
         );
-        // Without the last parameter (a peer from before `ciphers`, with or without its
-        // padding's zeros) the offer is ChaCha20-Poly1305 alone; cut shorter, it is truncated.
+        // Without the last two parameters (a peer from before `ciphers` and `extensions`,
+        // with or without its padding's zeros) the offer is ChaCha20-Poly1305 alone and no
+        // extension; without the last, no extension; cut shorter, it is truncated.
         let older = TransportParams {
             ciphers: 0,
+            extensions: 0,
             ..params
         };
         assert_eq!(
-            TransportParams::parse(&mut Reader::new(&buf[..n - 1])),
+            TransportParams::parse(&mut Reader::new(&buf[..n - 2])),
             Ok(older)
         );
+        assert_eq!(
+            TransportParams::parse(&mut Reader::new(&buf[..n - 1])),
+            Ok(TransportParams {
+                extensions: 0,
+                ..params
+            })
+        );
         let mut padded = buf;
-        padded[n - 1..].fill(0);
+        padded[n - 2..].fill(0);
         assert_eq!(TransportParams::parse(&mut Reader::new(&padded)), Ok(older));
         assert_eq!(
-            TransportParams::parse(&mut Reader::new(&buf[..n - 2])),
+            TransportParams::parse(&mut Reader::new(&buf[..n - 3])),
             Err(ParamsError::Truncated)
         );
         let small = TransportParams {

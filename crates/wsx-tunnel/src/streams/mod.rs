@@ -187,10 +187,16 @@ impl Stream {
         }
     }
 
-    /// Notes traffic on the stream; `true` when a buffer just grew past [`SHRINK_ABOVE`]
-    /// and the stream must be listed in `Streams::large`.
+    /// Notes traffic on the stream; `true` when it must be listed in `Streams::large`.
     fn note_traffic(&mut self) -> bool {
         self.busy = true;
+        self.list_if_large()
+    }
+
+    /// `true` when a buffer is larger than [`SHRINK_ABOVE`] and the stream is not yet listed
+    /// in `Streams::large` (it must be, now): after data arrived or was written, and after a
+    /// read or an acknowledgment that may have emptied a buffer the sweep had to leave.
+    fn list_if_large(&mut self) -> bool {
         let newly = !self.large && self.holds_large_buffer();
         self.large |= newly;
         newly
@@ -245,6 +251,9 @@ pub(crate) struct PeerLimits {
     pub(crate) max_streams: u64,
     pub(crate) stream_window: u64,
     pub(crate) connection_window: u64,
+    /// The peer parses STREAM frames marked PUSH (a peer before them would close the
+    /// connection on the unknown frame type).
+    pub(crate) push: bool,
 }
 
 #[derive(Debug)]
@@ -345,6 +354,9 @@ impl Streams {
     /// previous call. A buffer is not shrunk the moment it empties: a stream at full rate
     /// empties its buffers many times a second, and shrinking and regrowing them cost the
     /// receiving gateway a third of its CPU in fresh zeroed pages and their unmapping.
+    /// A quiet stream leaves the list either way: one whose large buffer still holds data
+    /// (its reader or the peer's acknowledgments stalled) is listed again by the read or
+    /// acknowledgment that empties it, so a stalled connection is not swept every second.
     pub(crate) fn release_idle_buffers(&mut self) {
         let map = &mut self.map;
         self.large.retain(|id| {
@@ -356,8 +368,8 @@ impl Streams {
             }
             stream.send.release_if_empty();
             stream.recv.release_if_empty();
-            stream.large = stream.holds_large_buffer();
-            stream.large
+            stream.large = false;
+            false
         });
     }
 
@@ -570,6 +582,9 @@ impl Streams {
             return Err(StreamError::Reset(code));
         }
         let n = stream.recv.read(buf);
+        if stream.list_if_large() {
+            self.large.push(id);
+        }
         if n == 0 {
             stream.readable_notified = false;
             if stream.recv.is_finished() {
@@ -824,7 +839,8 @@ impl Streams {
                     fin: chunk.fin,
                     // It carries the last byte written so far: the peer should not wait for
                     // more before handing it over.
-                    push: chunk.offset + chunk.len as u64 == stream.send.written(),
+                    push: self.peer.push
+                        && chunk.offset + chunk.len as u64 == stream.send.written(),
                 };
                 header.encode(w);
                 stream.send.copy(chunk.offset, w.reserve(chunk.len));
@@ -876,6 +892,9 @@ impl Streams {
                 };
                 let before = stream.send.buffered();
                 stream.send.ack(offset, u64::from(len), fin);
+                if stream.list_if_large() {
+                    self.large.push(id);
+                }
                 let freed = before - stream.send.buffered();
                 self.buffered -= freed as u64;
                 if freed > 0 {
@@ -1135,5 +1154,60 @@ impl Streams {
 
     pub(crate) fn on_max_streams(&mut self, max: u64) {
         self.max_local = self.max_local.max(max);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::frame::{Frame, Frames};
+
+    /// The PUSH bits of the STREAM frames a side sends for `writes` (written before the frames
+    /// are built), to a peer that parses PUSH or not, `packet` bytes per packet.
+    fn push_bits(peer_push: bool, writes: &[usize], packet: usize) -> Vec<bool> {
+        let limits = StreamLimits {
+            max_remote_streams: 16,
+            stream_window: 1 << 20,
+            connection_window: 1 << 20,
+            stream_send_buffer: 1 << 20,
+            connection_send_buffer: 1 << 20,
+        };
+        let peer = PeerLimits {
+            max_streams: 16,
+            stream_window: 1 << 20,
+            connection_window: 1 << 20,
+            push: peer_push,
+        };
+        let mut streams = Streams::new(true, limits, peer);
+        let id = streams.open(StreamMeta::default()).expect("room");
+        for &n in writes {
+            assert_eq!(streams.write(id, &vec![1; n], u64::MAX), Ok(n));
+        }
+        let now = crate::test_epoch();
+        let mut bits = Vec::new();
+        loop {
+            let mut buf = vec![0u8; packet];
+            let mut w = Writer::new(&mut buf);
+            let (mut sent, mut mark) = (Vec::new(), BurstMark::default());
+            if streams.write_stream_frames(now, &mut w, &mut sent, &mut mark) == 0 {
+                return bits;
+            }
+            let n = w.len();
+            for frame in Frames::new(&buf[..n]) {
+                if let Ok(Frame::Stream(f)) = frame {
+                    bits.push(f.push);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn push_marks_the_frame_with_the_last_byte_written_and_only_for_a_peer_that_parses_it() {
+        // 5,000 bytes in 1,200-byte packets: five frames, the last one ends what was written.
+        assert_eq!(
+            push_bits(true, &[3_000, 2_000], 1_200),
+            [false, false, false, false, true]
+        );
+        assert_eq!(push_bits(false, &[3_000, 2_000], 1_200), [false; 5]);
     }
 }
