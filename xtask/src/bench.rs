@@ -583,13 +583,8 @@ fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
         } else {
             vec![Fec::Adaptive]
         };
-        let binaries: Vec<Option<PathBuf>> = if mode.is_wsx() && !args.wsx_binary.is_empty() {
-            args.wsx_binary.iter().cloned().map(Some).collect()
-        } else {
-            vec![None]
-        };
         for fec in fecs {
-            for wsx_binary in &binaries {
+            for wsx_binary in &wsx_binaries(args, mode) {
                 cases.push(ExchangeCase {
                     mode,
                     wan: args.wan.clone(),
@@ -619,6 +614,15 @@ fn max_datagrams(args: &BenchArgs) -> Vec<Option<u16>> {
         vec![None]
     } else {
         args.max_datagram.iter().copied().map(Some).collect()
+    }
+}
+
+/// The gateway builds asked for in `mode` (`None`: the one just built).
+fn wsx_binaries(args: &BenchArgs, mode: Mode) -> Vec<Option<PathBuf>> {
+    if mode.is_wsx() && !args.wsx_binary.is_empty() {
+        args.wsx_binary.iter().cloned().map(Some).collect()
+    } else {
+        vec![None]
     }
 }
 
@@ -667,16 +671,10 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
                 } else {
                     vec![None]
                 };
-                let binaries: Vec<Option<PathBuf>> = if mode.is_wsx() && !args.wsx_binary.is_empty()
-                {
-                    args.wsx_binary.iter().cloned().map(Some).collect()
-                } else {
-                    vec![None]
-                };
                 for fec in fecs {
                     for &max_datagram in &datagrams {
                         for &veth_mtu in &veth_mtus {
-                            for wsx_binary in &binaries {
+                            for wsx_binary in &wsx_binaries(args, mode) {
                                 cases.push(Case {
                                     mode,
                                     gateways: Settings {
@@ -839,10 +837,8 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         Mode::Wsx | Mode::WsxForward | Mode::WsxVeth => Some(crate::gateway::Pair::start_binary(
             &lab,
             &work,
-            &case
-                .wsx_binary
-                .clone()
-                .unwrap_or_else(|| binary.with_file_name("wsx")),
+            binary,
+            case.wsx_binary.as_deref(),
             case.gateways,
             (entry != target).then_some((entry, target)),
         )?),

@@ -125,10 +125,8 @@ fn run_case(case: &ExchangeCase, binary: &Path) -> Result<ExchangeRecord> {
         Mode::Wsx | Mode::WsxForward => Some(Pair::start_binary(
             &lab,
             &work,
-            &case
-                .wsx_binary
-                .clone()
-                .unwrap_or_else(|| binary.with_file_name("wsx")),
+            binary,
+            case.wsx_binary.as_deref(),
             case.gateways,
             (entry != server).then_some((entry, server)),
         )?),

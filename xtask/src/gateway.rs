@@ -8,7 +8,7 @@
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use wsx_lab::{Lab, Node, Usage, addr, usage_of};
@@ -163,9 +163,9 @@ struct ApiCompression {
 #[derive(Debug)]
 pub(crate) struct Pair {
     children: [Child; 2],
-    work: std::path::PathBuf,
+    work: PathBuf,
     /// The `wsx` binary, which also asks the gateways' APIs.
-    wsx: std::path::PathBuf,
+    wsx: PathBuf,
 }
 
 impl Pair {
@@ -179,23 +179,19 @@ impl Pair {
         settings: Settings,
         forward: Option<(SocketAddr, SocketAddr)>,
     ) -> Result<Self> {
-        Self::start_binary(
-            lab,
-            work,
-            &lab_binary.with_file_name("wsx"),
-            settings,
-            forward,
-        )
+        Self::start_binary(lab, work, lab_binary, None, settings, forward)
     }
 
-    /// Like [`Pair::start`], running the gateway binary `wsx`.
+    /// Like [`Pair::start`], running the gateway binary `wsx` (another build) if given.
     pub(crate) fn start_binary(
         lab: &Lab,
         work: &Path,
-        wsx: &Path,
+        lab_binary: &Path,
+        wsx: Option<&Path>,
         settings: Settings,
         forward: Option<(SocketAddr, SocketAddr)>,
     ) -> Result<Self> {
+        let wsx = wsx.map_or_else(|| lab_binary.with_file_name("wsx"), Path::to_path_buf);
         let shaper = settings.shape_kbit.map(shaper_text);
         Self::launch(lab, work, wsx, settings, forward, shaper.as_deref())
     }
@@ -209,25 +205,18 @@ impl Pair {
         settings: Settings,
         shaper: &str,
     ) -> Result<Self> {
-        Self::launch(
-            lab,
-            work,
-            &lab_binary.with_file_name("wsx"),
-            settings,
-            None,
-            Some(shaper),
-        )
+        let wsx = lab_binary.with_file_name("wsx");
+        Self::launch(lab, work, wsx, settings, None, Some(shaper))
     }
 
     fn launch(
         lab: &Lab,
         work: &Path,
-        wsx: &Path,
+        wsx: PathBuf,
         settings: Settings,
         forward: Option<(SocketAddr, SocketAddr)>,
         shaper: Option<&str>,
     ) -> Result<Self> {
-        let wsx = wsx.to_path_buf();
         if !wsx.is_file() {
             bail!(
                 "no wsx binary at {}: build it with `cargo build --release -p wsx`",
