@@ -1,6 +1,26 @@
-//! SMB2 acceleration for wsx.
+//! SMB2/3 for wsx: the wire format and the observer that tells which connections the
+//! read-ahead engine may touch.
 //!
-//! This crate will hold SMB 2.0.2/2.1 wire parsing (headers, CREATE, QUERY_INFO, READ, CLOSE) in
-//! the `Packet`/`Repr` style, and the read-ahead engine that, when a client opens a file, predicts
-//! the requests that follow so that the far gateway can issue them early and the near gateway can
-//! answer locally. It performs no I/O. Nothing is implemented yet; see the project's issue tracker.
+//! # Architecture
+//!
+//! ```text
+//!  TCP 445 bytes, each direction ─> Deframer (Direct TCP: first KEEP bytes of each frame)
+//!      ─> Protocol (SMB2, SMB1, encrypted, compressed) ─> Messages (compound chain)
+//!      ─> Header + the bodies that decide ─> Observer: Negotiating / Unsigned / PassThrough(why)
+//! ```
+//!
+//! - [`wire`]: everything on the wire, in smoltcp's style (a parsed representation with
+//!   `parse`/`emit`, never a panic on input): [`wire::framing`] (Direct TCP),
+//!   [`wire::header`] (the 64-byte header, its flags and commands, compound chains),
+//!   [`wire::messages`] (NEGOTIATE, SESSION_SETUP and TREE_CONNECT responses).
+//! - [`observe`]: [`Observer`], one per connection, fed the bytes the relay copies.
+//!
+//! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds it. The read-ahead
+//! engine (CREATE-triggered metadata, sequential READ windows) builds on these two layers and
+//! is not written yet: today every SMB connection is relayed byte for byte, with TCP-level
+//! acceleration, and the observer's verdicts are counted.
+
+pub mod observe;
+pub mod wire;
+
+pub use observe::{Direction, KEEP, Observer, Reason, Verdict};

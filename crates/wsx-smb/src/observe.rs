@@ -1,0 +1,515 @@
+//! The observer: reads both directions of one TCP 445 connection and says whether its SMB
+//! traffic is of the kind the read-ahead engine may touch.
+//!
+//! The engine may only ever act on SMB2/3 sessions that are neither signed nor encrypted: a
+//! signature covers the MessageId and the credits, so a proxy that answers or issues requests
+//! itself would break it, and an encrypted message cannot be read at all. Signing cannot be
+//! switched off by a proxy either (never alter NEGOTIATE). So the observer watches for what
+//! rules a connection out, and a connection it rules out stays out for good:
+//!
+//! ```text
+//!  Negotiating ──SESSION_SETUP succeeds, no encryption──> Unsigned
+//!      │                                                     │
+//!      └──────────────── any of these ──────────────────────┴──> PassThrough(reason)
+//!        not Direct TCP framing · SMB1 answered or used after NEGOTIATE · a dialect other
+//!        than 2.0.2-3.1.1 · a signed message other than SESSION_SETUP · an encrypted or
+//!        compressed message · a session or share that requires encryption · a header
+//!        that does not parse
+//! ```
+//!
+//! SESSION_SETUP is exempt from the signing rule because SMB 3.1.1 signs the last leg of
+//! every authenticated session's setup even when signing is not required; it is whether the
+//! session's later messages are signed that matters. A connection is judged as a whole: one
+//! signed session on it passes the whole connection through.
+//!
+//! The observer reads only the first [`KEEP`] bytes of each frame (headers and fixed-size
+//! bodies; compound chains within them) and skips payloads without touching them, so it
+//! costs little beside the relay's copy. Once a connection passes through, it reads nothing.
+
+use crate::wire::framing::{Deframer, FrameStart};
+use crate::wire::header::{Command, Header, Messages, Protocol, status};
+use crate::wire::messages::{
+    Dialect, NegotiateResponse, SessionSetupResponse, TreeConnectResponse,
+};
+
+/// Bytes of each frame the observer reads: headers, fixed bodies, compound chains of small
+/// requests (a CREATE with its name and contexts, then a QUERY_INFO).
+pub const KEEP: usize = 1024;
+
+/// What the observer has concluded about a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// No session is established yet.
+    Negotiating,
+    /// A session is established and nothing seen so far is signed or encrypted.
+    Unsigned,
+    /// The connection passes through byte for byte, for good.
+    PassThrough(Reason),
+}
+
+/// Why a connection passes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The byte stream is not SMB's Direct TCP framing.
+    NotFramed,
+    /// SMB1 is in use.
+    Smb1,
+    /// A dialect other than 2.0.2 through 3.1.1 was agreed.
+    Dialect(Dialect),
+    /// A message after authentication is signed.
+    Signed,
+    /// A message is encrypted, or the session or share requires encryption.
+    Encrypted,
+    /// A message is compressed (SMB 3.1.1 compression transform).
+    Compressed,
+    /// A frame holds something that does not parse as SMB2.
+    Malformed,
+}
+
+impl Reason {
+    /// Every reason's name as the counters show it, in a fixed order.
+    pub const NAMES: [&'static str; 7] = [
+        "not_framed",
+        "smb1",
+        "dialect",
+        "signed",
+        "encrypted",
+        "compressed",
+        "malformed",
+    ];
+
+    /// The reason's name as the counters show it (one of [`Reason::NAMES`]).
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self.index()]
+    }
+
+    /// The reason's place in [`Reason::NAMES`].
+    pub fn index(self) -> usize {
+        match self {
+            Self::NotFramed => 0,
+            Self::Smb1 => 1,
+            Self::Dialect(_) => 2,
+            Self::Signed => 3,
+            Self::Encrypted => 4,
+            Self::Compressed => 5,
+            Self::Malformed => 6,
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotFramed => f.write_str("not SMB Direct TCP framing"),
+            Self::Smb1 => f.write_str("SMB1"),
+            Self::Dialect(d) => write!(f, "dialect {d}"),
+            Self::Signed => f.write_str("signed"),
+            Self::Encrypted => f.write_str("encrypted"),
+            Self::Compressed => f.write_str("compressed"),
+            Self::Malformed => f.write_str("malformed SMB2"),
+        }
+    }
+}
+
+/// Which way bytes travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// From the client toward the server: requests.
+    ToServer,
+    /// From the server toward the client: responses.
+    ToClient,
+}
+
+/// Watches one connection; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Observer {
+    to_server: Deframer,
+    to_client: Deframer,
+    verdict: Verdict,
+    dialect: Option<Dialect>,
+}
+
+impl Default for Observer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Observer {
+    pub fn new() -> Self {
+        Self {
+            to_server: Deframer::new(KEEP),
+            to_client: Deframer::new(KEEP),
+            verdict: Verdict::Negotiating,
+            dialect: None,
+        }
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        self.verdict
+    }
+
+    /// The dialect the last NEGOTIATE response agreed, once one did.
+    pub fn dialect(&self) -> Option<Dialect> {
+        self.dialect
+    }
+
+    /// Reads the next bytes travelling `direction`; returns the new verdict if it changed.
+    pub fn feed(&mut self, direction: Direction, data: &[u8]) -> Option<Verdict> {
+        if let Verdict::PassThrough(_) = self.verdict {
+            return None;
+        }
+        let before = self.verdict;
+        let mut judged = Judged {
+            verdict: self.verdict,
+            dialect: &mut self.dialect,
+            direction,
+        };
+        let deframer = match direction {
+            Direction::ToServer => &mut self.to_server,
+            Direction::ToClient => &mut self.to_client,
+        };
+        let result = deframer.feed(data, |frame| judged.frame(frame));
+        self.verdict = match result {
+            Err(_) => Verdict::PassThrough(Reason::NotFramed),
+            Ok(()) => judged.verdict,
+        };
+        (self.verdict != before).then_some(self.verdict)
+    }
+}
+
+/// One feed's judgement of the frames it completes.
+struct Judged<'a> {
+    verdict: Verdict,
+    dialect: &'a mut Option<Dialect>,
+    direction: Direction,
+}
+
+impl Judged<'_> {
+    fn frame(&mut self, frame: FrameStart<'_>) {
+        if let Verdict::PassThrough(_) = self.verdict {
+            return;
+        }
+        if let Err(reason) = self.judge(frame.prefix) {
+            self.verdict = Verdict::PassThrough(reason);
+        }
+    }
+
+    fn judge(&mut self, frame: &[u8]) -> Result<(), Reason> {
+        match Protocol::of(frame) {
+            Some(Protocol::Smb2) => {}
+            // Older clients open with an SMB1 multi-protocol NEGOTIATE; the server answers it
+            // in SMB2 when it speaks SMB2.
+            Some(Protocol::Smb1)
+                if self.direction == Direction::ToServer && self.dialect.is_none() =>
+            {
+                return Ok(());
+            }
+            Some(Protocol::Smb1) => return Err(Reason::Smb1),
+            Some(Protocol::Encrypted) => return Err(Reason::Encrypted),
+            Some(Protocol::Compressed) => return Err(Reason::Compressed),
+            None => return Err(Reason::Malformed),
+        }
+        let mut messages = Messages::new(frame);
+        for (header, message) in messages.by_ref() {
+            self.message(&header, &message[crate::wire::header::HEADER_LEN..])?;
+        }
+        match messages.error() {
+            Some(_) => Err(Reason::Malformed),
+            None => Ok(()),
+        }
+    }
+
+    fn message(&mut self, header: &Header, body: &[u8]) -> Result<(), Reason> {
+        if header.is_response() != (self.direction == Direction::ToClient) {
+            return Err(Reason::Malformed);
+        }
+        if header.is_signed() && header.command != Command::SESSION_SETUP {
+            return Err(Reason::Signed);
+        }
+        // Only successful responses say anything more; an async interim response
+        // (STATUS_PENDING) has an error body, and the final one follows.
+        if !header.is_response() || header.status != status::SUCCESS {
+            return Ok(());
+        }
+        match header.command {
+            Command::NEGOTIATE => {
+                let negotiate = NegotiateResponse::parse(body).map_err(|_| Reason::Malformed)?;
+                let dialect = negotiate.dialect;
+                *self.dialect = Some(dialect);
+                if !dialect.is_known() && dialect != Dialect::WILDCARD {
+                    return Err(Reason::Dialect(dialect));
+                }
+            }
+            Command::SESSION_SETUP => {
+                let setup = SessionSetupResponse::parse(body).map_err(|_| Reason::Malformed)?;
+                if setup.encrypts() {
+                    return Err(Reason::Encrypted);
+                }
+                if !self.dialect.is_some_and(Dialect::is_known) {
+                    // A session before any dialect was agreed.
+                    return Err(Reason::Malformed);
+                }
+                self.verdict = Verdict::Unsigned;
+            }
+            Command::TREE_CONNECT => {
+                let tree = TreeConnectResponse::parse(body).map_err(|_| Reason::Malformed)?;
+                if tree.encrypts() {
+                    return Err(Reason::Encrypted);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::framing::frame_header;
+    use crate::wire::header::{HEADER_LEN, TreeOrAsync, flags};
+
+    /// A frame holding one message: a header with `command`, `flags` and `status`, and
+    /// `body`.
+    fn frame(command: Command, flags: u32, status: u32, body: &[u8]) -> Vec<u8> {
+        let header = Header {
+            credit_charge: 1,
+            status,
+            command,
+            credits: 1,
+            flags,
+            next_command: 0,
+            message_id: 1,
+            tree_or_async: TreeOrAsync::Tree {
+                reserved: 0,
+                tree_id: 0,
+            },
+            session_id: 5,
+            signature: [0; 16],
+        };
+        let mut message = vec![0; HEADER_LEN];
+        header.emit(&mut message).unwrap();
+        message.extend_from_slice(body);
+        let mut out = frame_header(message.len()).unwrap().to_vec();
+        out.extend(message);
+        out
+    }
+
+    fn negotiate_response(dialect: Dialect) -> Vec<u8> {
+        let mut body = vec![0; 64];
+        body[0] = 65;
+        body[4..6].copy_from_slice(&dialect.0.to_le_bytes());
+        frame(
+            Command::NEGOTIATE,
+            flags::SERVER_TO_REDIR,
+            status::SUCCESS,
+            &body,
+        )
+    }
+
+    fn session_setup_response(session_flags: u16) -> Vec<u8> {
+        let mut body = vec![0; 8];
+        body[0] = 9;
+        body[2..4].copy_from_slice(&session_flags.to_le_bytes());
+        frame(
+            Command::SESSION_SETUP,
+            flags::SERVER_TO_REDIR,
+            status::SUCCESS,
+            &body,
+        )
+    }
+
+    fn request(command: Command, flags: u32) -> Vec<u8> {
+        frame(command, flags, 0, &[0; 8])
+    }
+
+    fn established(dialect: Dialect) -> Observer {
+        let mut o = Observer::new();
+        assert_eq!(
+            o.feed(Direction::ToServer, &request(Command::NEGOTIATE, 0)),
+            None
+        );
+        assert_eq!(
+            o.feed(Direction::ToClient, &negotiate_response(dialect)),
+            None
+        );
+        assert_eq!(
+            o.feed(Direction::ToClient, &session_setup_response(0)),
+            Some(Verdict::Unsigned)
+        );
+        assert_eq!(o.dialect(), Some(dialect));
+        o
+    }
+
+    #[test]
+    fn an_smb1_negotiate_answered_in_smb2_is_no_reason_to_pass_through() {
+        let mut o = Observer::new();
+        let mut smb1 = frame_header(40).unwrap().to_vec();
+        smb1.extend(b"\xffSMBr");
+        smb1.resize(44, 0);
+        assert_eq!(o.feed(Direction::ToServer, &smb1), None);
+        assert_eq!(
+            o.feed(Direction::ToClient, &negotiate_response(Dialect::WILDCARD)),
+            None
+        );
+        assert_eq!(
+            o.feed(Direction::ToClient, &negotiate_response(Dialect::SMB_2_1)),
+            None
+        );
+        assert_eq!(
+            o.feed(Direction::ToClient, &session_setup_response(0)),
+            Some(Verdict::Unsigned)
+        );
+        // SMB1 once a dialect is agreed is SMB1 in use.
+        assert_eq!(
+            o.feed(Direction::ToServer, &smb1),
+            Some(Verdict::PassThrough(Reason::Smb1))
+        );
+    }
+
+    #[test]
+    fn every_reason_to_pass_through_is_found() {
+        let cases: Vec<(Observer, Direction, Vec<u8>, Reason)> = vec![
+            (
+                Observer::new(),
+                Direction::ToServer,
+                vec![0x81, 0, 0, 0],
+                Reason::NotFramed,
+            ),
+            (
+                Observer::new(),
+                Direction::ToClient,
+                negotiate_response(Dialect(0x0222)),
+                Reason::Dialect(Dialect(0x0222)),
+            ),
+            (
+                established(Dialect::SMB_2_1),
+                Direction::ToServer,
+                request(Command::TREE_CONNECT, flags::SIGNED),
+                Reason::Signed,
+            ),
+            (
+                Observer::new(),
+                Direction::ToClient,
+                session_setup_response(0x0004),
+                Reason::Encrypted,
+            ),
+            (
+                established(Dialect::SMB_3_0),
+                Direction::ToClient,
+                {
+                    let mut body = vec![0; 16];
+                    body[0] = 16;
+                    body[4..8].copy_from_slice(&0x8000u32.to_le_bytes());
+                    frame(Command::TREE_CONNECT, flags::SERVER_TO_REDIR, 0, &body)
+                },
+                Reason::Encrypted,
+            ),
+            (
+                established(Dialect::SMB_3_1_1),
+                Direction::ToClient,
+                [&frame_header(60).unwrap()[..], b"\xfdSMB", &[0; 56]].concat(),
+                Reason::Encrypted,
+            ),
+            (
+                established(Dialect::SMB_3_1_1),
+                Direction::ToServer,
+                [&frame_header(60).unwrap()[..], b"\xfcSMB", &[0; 56]].concat(),
+                Reason::Compressed,
+            ),
+            (
+                established(Dialect::SMB_2_1),
+                Direction::ToServer,
+                [&frame_header(8).unwrap()[..], b"HTTP/1.1"].concat(),
+                Reason::Malformed,
+            ),
+            (
+                // A response travelling toward the server.
+                established(Dialect::SMB_2_1),
+                Direction::ToServer,
+                session_setup_response(0),
+                Reason::Malformed,
+            ),
+            (
+                // A session before any dialect.
+                Observer::new(),
+                Direction::ToClient,
+                session_setup_response(0),
+                Reason::Malformed,
+            ),
+        ];
+        for (mut o, direction, bytes, reason) in cases {
+            assert_eq!(
+                o.feed(direction, &bytes),
+                Some(Verdict::PassThrough(reason)),
+                "{reason}"
+            );
+            // For good: nothing more is read.
+            assert_eq!(
+                o.feed(Direction::ToClient, &session_setup_response(0)),
+                None
+            );
+            assert_eq!(o.verdict(), Verdict::PassThrough(reason));
+        }
+    }
+
+    #[test]
+    fn a_signed_final_session_setup_is_not_a_signed_session() {
+        let mut o = Observer::new();
+        o.feed(Direction::ToClient, &negotiate_response(Dialect::SMB_3_1_1));
+        let mut signed = session_setup_response(0);
+        // The flags field of the header, after the 4-byte framing.
+        signed[4 + 16] |= flags::SIGNED as u8;
+        assert_eq!(
+            o.feed(Direction::ToClient, &signed),
+            Some(Verdict::Unsigned)
+        );
+        assert_eq!(
+            o.feed(Direction::ToServer, &request(Command::READ, 0)),
+            None
+        );
+    }
+
+    proptest::proptest! {
+        /// Any bytes either way, in any reads: no panic, and a connection that passed
+        /// through never comes back.
+        #[test]
+        fn any_bytes_are_judged_without_panic_and_pass_through_is_for_good(
+            reads in proptest::collection::vec(
+                (proptest::bool::ANY, proptest::collection::vec(proptest::num::u8::ANY, 0..200)),
+                0..20,
+            ),
+        ) {
+            let mut o = established(Dialect::SMB_2_1);
+            let mut passed = None;
+            for (to_server, bytes) in reads {
+                let direction = if to_server { Direction::ToServer } else { Direction::ToClient };
+                o.feed(direction, &bytes);
+                if let Some(v) = passed {
+                    proptest::prop_assert_eq!(o.verdict(), v);
+                } else if let Verdict::PassThrough(_) = o.verdict() {
+                    passed = Some(o.verdict());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_reason_has_its_own_name() {
+        let reasons = [
+            Reason::NotFramed,
+            Reason::Smb1,
+            Reason::Dialect(Dialect(1)),
+            Reason::Signed,
+            Reason::Encrypted,
+            Reason::Compressed,
+            Reason::Malformed,
+        ];
+        for (i, r) in reasons.iter().enumerate() {
+            assert_eq!(r.index(), i);
+            assert_eq!(r.name(), Reason::NAMES[i]);
+        }
+    }
+}

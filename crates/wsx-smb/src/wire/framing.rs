@@ -1,0 +1,267 @@
+//! Direct TCP transport framing (MS-SMB2 2.1, [MS-SMB2 1dfacde4]): every SMB2 message, or
+//! chain of compounded messages, travels in a frame of one zero byte and a 24-bit big-endian
+//! length. Frames span TCP segments and segments hold several frames, so a reader of the byte
+//! stream must reassemble them.
+//!
+//! [`Deframer`] does that incrementally for an observer that needs only each frame's start
+//! (headers and fixed-size bodies) and not its payload (a READ response may carry 8 MiB): it
+//! hands out the first [`Deframer::keep`] bytes of every frame, borrowed from the input when
+//! they arrive in one piece and copied only when they straddle two reads, and skips the rest
+//! without touching it.
+
+/// Bytes of the framing header: the zero byte and the 24-bit length.
+pub const FRAME_HEADER_LEN: usize = 4;
+/// The largest frame the 24-bit length can describe.
+pub const MAX_FRAME_LEN: usize = (1 << 24) - 1;
+
+/// One frame's start, as [`Deframer::feed`] hands it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameStart<'a> {
+    /// The frame's length, without the framing header.
+    pub len: usize,
+    /// The frame's first `min(len, keep)` bytes.
+    pub prefix: &'a [u8],
+}
+
+/// The byte stream is not Direct TCP framing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not SMB Direct TCP framing: a frame starts with {0:#04x}, not a zero byte")]
+pub struct NotFramed(pub u8);
+
+/// Splits one direction of a TCP 445 byte stream into frames; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Deframer {
+    keep: usize,
+    state: State,
+    /// The framing header or the prefix, while it straddles reads.
+    partial: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Collecting a framing header (`partial` holds what arrived of it).
+    Header,
+    /// Collecting the first bytes of a frame of `len` bytes into `partial`.
+    Prefix { len: usize },
+    /// Skipping what is left of a frame after its prefix was handed out.
+    Skip { left: usize },
+    /// The stream was not framed (a frame started with this byte); nothing more is read.
+    Failed(u8),
+}
+
+impl Deframer {
+    /// A deframer that hands out up to `keep` bytes of each frame.
+    pub fn new(keep: usize) -> Self {
+        Self {
+            keep,
+            state: State::Header,
+            partial: Vec::new(),
+        }
+    }
+
+    /// How many bytes of each frame [`FrameStart::prefix`] holds at most.
+    pub fn keep(&self) -> usize {
+        self.keep
+    }
+
+    /// Whether the stream stopped between frames (a clean end).
+    pub fn between_frames(&self) -> bool {
+        self.state == State::Header && self.partial.is_empty()
+    }
+
+    /// Reads `data`, the next bytes of the stream, calling `on_frame` with the start of every
+    /// frame whose prefix is complete. After an error the stream is abandoned: every later
+    /// call returns the error again without reading.
+    pub fn feed(
+        &mut self,
+        mut data: &[u8],
+        mut on_frame: impl FnMut(FrameStart<'_>),
+    ) -> Result<(), NotFramed> {
+        while !data.is_empty() {
+            match self.state {
+                State::Failed(byte) => return Err(NotFramed(byte)),
+                State::Header => {
+                    if self.partial.is_empty() && data.len() >= FRAME_HEADER_LEN {
+                        let len = self.header(&data[..FRAME_HEADER_LEN])?;
+                        data = &data[FRAME_HEADER_LEN..];
+                        let want = len.min(self.keep);
+                        if data.len() >= want {
+                            // The common case: the whole prefix is in this read.
+                            on_frame(FrameStart {
+                                len,
+                                prefix: &data[..want],
+                            });
+                            data = &data[want..];
+                            self.state = State::Skip { left: len - want };
+                        } else {
+                            self.state = State::Prefix { len };
+                        }
+                    } else {
+                        let take = (FRAME_HEADER_LEN - self.partial.len()).min(data.len());
+                        self.partial.extend_from_slice(&data[..take]);
+                        data = &data[take..];
+                        if self.partial.len() == FRAME_HEADER_LEN {
+                            let header: [u8; FRAME_HEADER_LEN] = [
+                                self.partial[0],
+                                self.partial[1],
+                                self.partial[2],
+                                self.partial[3],
+                            ];
+                            self.partial.clear();
+                            let len = self.header(&header)?;
+                            self.state = State::Prefix { len };
+                        }
+                    }
+                }
+                State::Prefix { len } => {
+                    let want = len.min(self.keep);
+                    let take = (want - self.partial.len()).min(data.len());
+                    self.partial.extend_from_slice(&data[..take]);
+                    data = &data[take..];
+                }
+                State::Skip { left } => {
+                    let skip = left.min(data.len());
+                    data = &data[skip..];
+                    self.state = if left == skip {
+                        State::Header
+                    } else {
+                        State::Skip { left: left - skip }
+                    };
+                }
+            }
+            self.prefix_complete(&mut on_frame);
+        }
+        if let State::Skip { left: 0 } = self.state {
+            self.state = State::Header;
+        }
+        Ok(())
+    }
+
+    /// Hands out the prefix collected in `partial` once it is complete (at once for a frame
+    /// of zero bytes, or with `keep` zero).
+    fn prefix_complete(&mut self, on_frame: &mut impl FnMut(FrameStart<'_>)) {
+        if let State::Prefix { len } = self.state
+            && self.partial.len() == len.min(self.keep)
+        {
+            on_frame(FrameStart {
+                len,
+                prefix: &self.partial,
+            });
+            self.state = State::Skip {
+                left: len - self.partial.len(),
+            };
+            self.partial.clear();
+        }
+    }
+
+    /// Reads a framing header: the frame's length, or the error that abandons the stream.
+    fn header(&mut self, header: &[u8]) -> Result<usize, NotFramed> {
+        if header[0] != 0 {
+            self.state = State::Failed(header[0]);
+            self.partial.clear();
+            return Err(NotFramed(header[0]));
+        }
+        Ok(usize::from(header[1]) << 16 | usize::from(header[2]) << 8 | usize::from(header[3]))
+    }
+}
+
+/// Writes the framing header of a frame of `len` bytes; `None` if `len` does not fit 24 bits.
+pub fn frame_header(len: usize) -> Option<[u8; FRAME_HEADER_LEN]> {
+    (len <= MAX_FRAME_LEN).then_some([0, (len >> 16) as u8, (len >> 8) as u8, len as u8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn framed(frames: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in frames {
+            out.extend_from_slice(&frame_header(f.len()).unwrap());
+            out.extend_from_slice(f);
+        }
+        out
+    }
+
+    /// Every frame's (length, prefix) after feeding `stream` cut at `cuts`.
+    fn starts(
+        keep: usize,
+        stream: &[u8],
+        cuts: &[usize],
+    ) -> Result<Vec<(usize, Vec<u8>)>, NotFramed> {
+        let mut d = Deframer::new(keep);
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &cut in cuts.iter().chain([&stream.len()]) {
+            let cut = cut.clamp(at, stream.len());
+            d.feed(&stream[at..cut], |f| out.push((f.len, f.prefix.to_vec())))?;
+            at = cut;
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn frames_in_one_read_are_handed_out_in_order() {
+        let stream = framed(&[vec![1; 100], vec![], vec![2; 3]]);
+        let got = starts(10, &stream, &[]).unwrap();
+        assert_eq!(got, vec![(100, vec![1; 10]), (0, vec![]), (3, vec![2; 3])]);
+    }
+
+    #[test]
+    fn a_stream_that_is_not_framed_is_refused_for_good() {
+        // A NetBIOS session request (port 139's framing) is not Direct TCP.
+        let mut d = Deframer::new(64);
+        assert_eq!(
+            d.feed(&[0x81, 0, 0, 4, 1, 2, 3, 4], |_| {}),
+            Err(NotFramed(0x81))
+        );
+        assert_eq!(
+            d.feed(&[0, 0, 0, 0], |_| panic!("read after failure")),
+            Err(NotFramed(0x81))
+        );
+    }
+
+    #[test]
+    fn the_largest_frame_is_described() {
+        assert_eq!(frame_header(MAX_FRAME_LEN), Some([0, 0xff, 0xff, 0xff]));
+        assert_eq!(frame_header(MAX_FRAME_LEN + 1), None);
+    }
+
+    proptest! {
+        /// However the stream is cut into reads, the same frames come out, each with its
+        /// length and its first `keep` bytes, and the deframer ends between frames.
+        #[test]
+        fn any_cutting_of_the_stream_gives_the_same_frames(
+            frames in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..8),
+            keep in 0usize..100,
+            cuts in prop::collection::vec(0usize..3000, 0..20),
+        ) {
+            let stream = framed(&frames);
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let got = starts(keep, &stream, &cuts).unwrap();
+            let want: Vec<_> = frames
+                .iter()
+                .map(|f| (f.len(), f[..f.len().min(keep)].to_vec()))
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+
+        /// Any bytes at all: no panic, and once refused always refused.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            data in prop::collection::vec(any::<u8>(), 0..2000),
+            keep in 0usize..100,
+            cut in 0usize..2000,
+        ) {
+            let mut d = Deframer::new(keep);
+            let cut = cut.min(data.len());
+            let first = d.feed(&data[..cut], |f| assert!(f.prefix.len() <= keep));
+            let second = d.feed(&data[cut..], |f| assert!(f.prefix.len() <= keep));
+            if first.is_err() {
+                prop_assert!(second.is_err() || data[cut..].is_empty());
+            }
+        }
+    }
+}
