@@ -23,6 +23,9 @@ pub(crate) const TESTS: &[(&str, &str)] = &[
     ("python3", "python3-venv"),
     // The SOCKS test's client.
     ("curl", "curl"),
+    // The SMB test's server and client.
+    ("smbd", "samba"),
+    ("smbclient", "smbclient"),
     // The dashboard's browser test: headless Chromium, driven through its WebDriver.
     ("chromium", "chromium"),
     ("chromedriver", "chromium-driver"),

@@ -19,6 +19,9 @@
 //! | `wsx_sessions_ended_total` | `outcome` | `completed`, `reset` (by an end), `failed`, `idle`, `killed`, `shutdown` |
 //! | `wsx_sessions_refused_total` | `reason` | `limit`, `peer_down`, `connect_failed` |
 //! | `wsx_session_bytes_total` | `peer`, `route`, `direction` | read from clients / servers |
+//! | `wsx_smb_sessions_total` | | sessions to TCP 445 watched as SMB |
+//! | `wsx_smb_unsigned_total` | | of those, connected to a share with nothing signed or encrypted |
+//! | `wsx_smb_passed_through_total` | `reason` | relayed byte for byte for good: `not_framed`, `smb1`, `dialect`, `signed`, `encrypted`, `compressed`, `malformed` |
 //! | `wsx_peer_up` | `peer` | 1 when a tunnel is established and the peer heard from |
 //! | `wsx_peer_bypass_forced` | `peer` | |
 //! | `wsx_peer_tunnels` | `peer` | established tunnels |
@@ -239,6 +242,27 @@ impl Collector for GatewayCollector {
                 ("discarded", totals.discarded),
             ]
             .map(|(reason, n)| counter(vec![("reason", reason.to_owned())], n)),
+        )?;
+        let smb = gateway.smb();
+        family(
+            &mut e,
+            "wsx_smb_sessions",
+            "Sessions to TCP port 445 watched as SMB",
+            [counter(vec![], smb.sessions)],
+        )?;
+        family(
+            &mut e,
+            "wsx_smb_unsigned",
+            "SMB sessions that connected a share with nothing signed or encrypted",
+            [counter(vec![], smb.unsigned)],
+        )?;
+        family(
+            &mut e,
+            "wsx_smb_passed_through",
+            "SMB sessions relayed byte for byte for good, by reason",
+            smb.passed_through
+                .iter()
+                .map(|&(reason, n)| counter(vec![("reason", reason.to_owned())], n)),
         )?;
         family(
             &mut e,

@@ -34,6 +34,38 @@ pub struct Status {
     #[serde(default)]
     pub memory: Memory,
     pub totals: Totals,
+    /// What the SMB observers concluded about the sessions to port 445, since start.
+    #[serde(default)]
+    pub smb: Smb,
+}
+
+/// The SMB sessions in [`Status`]: every session to TCP port 445 through the tunnel of a
+/// peer with `smb` on is judged as the relay copies it. Its bytes are relayed unchanged.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct Smb {
+    /// Sessions watched.
+    pub sessions: u64,
+    /// Sessions that connected a share with nothing signed or encrypted (one signed later
+    /// counts here and under `passed_through.signed`).
+    pub unsigned: u64,
+    /// Sessions relayed byte for byte for good, by reason: `not_framed` (not SMB's Direct
+    /// TCP framing), `smb1`, `dialect` (other than 2.0.2-3.1.1), `signed`, `encrypted`,
+    /// `compressed`, `malformed`.
+    pub passed_through: BTreeMap<String, u64>,
+}
+
+impl Smb {
+    pub fn new(s: &wsx_proxy::SmbStats) -> Self {
+        Self {
+            sessions: s.sessions,
+            unsigned: s.unsigned,
+            passed_through: s
+                .passed_through
+                .iter()
+                .map(|&(name, n)| (name.to_owned(), n))
+                .collect(),
+        }
+    }
 }
 
 /// The memory budget in [`Status`].

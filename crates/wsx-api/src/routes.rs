@@ -295,6 +295,7 @@ async fn status(State(state): State<Arc<AppState>>) -> Json<Status> {
             }
         },
         totals: Totals::new(&totals),
+        smb: Smb::new(&gateway.smb()),
     })
 }
 

@@ -9,6 +9,8 @@
 //!   duplication, changeable at run time, and counts every packet it forwards or drops.
 //! - [`traffic`] sends deterministic streams over parallel TCP connections and verifies every
 //!   byte at the sink, with goodput, time to first byte and per-flow rates in 100 ms buckets.
+//! - [`samba`]: a Samba server from a private configuration in a namespace, for the SMB
+//!   tests and benchmarks.
 //! - [`WanSpec`] describes a WAN in the usual terms (RTT, loss, rate) for the CLI and the
 //!   benchmark harness.
 //!
@@ -18,6 +20,7 @@
 
 pub mod emulator;
 pub mod netns;
+pub mod samba;
 mod sys;
 mod topology;
 pub mod traffic;

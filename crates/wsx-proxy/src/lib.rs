@@ -29,6 +29,8 @@
 //! - `shaping`: the bandwidth controller ([`wsx_shaper`]) at work: sessions classified into
 //!   scenarios, tunnel streams served by the shaper's turns (a scheduler installed in each
 //!   tunnel), direct relays writing only against its grants (a pump on a timerfd).
+//! - `smb`: sessions to TCP 445 watched by [`wsx_smb`]'s observer as the relay copies them
+//!   (signed, encrypted or unsigned), and the gateway's counts ([`SmbStats`]).
 //! - [`Gateway`] (`gateway/`): ties them together; its life (start, reload, shutdown) in
 //!   `gateway/mod.rs`, the peer keeper in `gateway/keeper.rs`, outbound and inbound sessions
 //!   in `gateway/sessions.rs`. See `gateway/mod.rs` for the data flow.
@@ -51,6 +53,7 @@ mod routing;
 pub mod rules;
 mod session;
 mod shaping;
+mod smb;
 mod socks;
 pub mod sys;
 
@@ -68,6 +71,7 @@ pub use shaping::{
     DEFAULT_BUFFER, DEFAULT_SCENARIO, FilterStatus, MIN_FLOW_BUFFER, ScenarioStatus, ShaperStatus,
     ShapingConfig, ShapingError,
 };
+pub use smb::SmbStats;
 pub use socks::SocksUser;
 pub use wsx_shaper;
 pub use wsx_tunnel::Target;

@@ -54,6 +54,10 @@ pub struct PeerConfig {
     /// cap (parity packets per data packet).
     pub fec: FecMode,
     pub fec_max_overhead: f64,
+    /// Watch the sessions to TCP port 445 through this peer's tunnel as SMB: each is judged
+    /// (unsigned, or passed through and why) and counted. Their bytes are relayed unchanged
+    /// either way.
+    pub smb: bool,
 }
 
 /// The default deflate level: level 2 compresses text to a third at about 200 MiB/s a
@@ -74,6 +78,7 @@ impl PeerConfig {
             compression: Some(DEFAULT_COMPRESSION_LEVEL),
             fec: FecMode::default(),
             fec_max_overhead: TransportConfig::default().fec_max_overhead,
+            smb: true,
         }
     }
 }

@@ -8,9 +8,9 @@
 //! rules a connection out, and a connection it rules out stays out for good:
 //!
 //! ```text
-//!  Negotiating ──SESSION_SETUP succeeds, no encryption──> Unsigned
-//!      │                                                     │
-//!      └──────────────── any of these ──────────────────────┴──> PassThrough(reason)
+//!  Negotiating ──a session set up, then a share connected, nothing signed──> Unsigned
+//!      │                                                                       │
+//!      └───────────────────────── any of these ───────────────────────────────┴──> PassThrough(reason)
 //!        not Direct TCP framing · SMB1 answered or used after NEGOTIATE · a dialect other
 //!        than 2.0.2-3.1.1 · a signed message other than SESSION_SETUP · an encrypted or
 //!        compressed message · a session or share that requires encryption · a header
@@ -19,8 +19,13 @@
 //!
 //! SESSION_SETUP is exempt from the signing rule because SMB 3.1.1 signs the last leg of
 //! every authenticated session's setup even when signing is not required; it is whether the
-//! session's later messages are signed that matters. A connection is judged as a whole: one
-//! signed session on it passes the whole connection through.
+//! session's later messages are signed that matters. The verdict waits for the first share
+//! connected (a TREE_CONNECT answered with success) because that is where what follows the
+//! setup shows: smbclient signs its TREE_CONNECT in any session with a key, 3.1.1 requires it
+//! signed, a client that wants encryption sends it encrypted, and a share that requires
+//! encryption says so in the answer. Files are only reached through a share, so nothing the
+//! engine could act on comes earlier. A connection is judged as a whole: one signed session
+//! on it passes the whole connection through.
 //!
 //! The observer reads only the first [`KEEP`] bytes of each frame (headers and fixed-size
 //! bodies; compound chains within them) and skips payloads without touching them, so it
@@ -39,9 +44,10 @@ pub const KEEP: usize = 1024;
 /// What the observer has concluded about a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// No session is established yet.
+    /// No share is connected yet.
     Negotiating,
-    /// A session is established and nothing seen so far is signed or encrypted.
+    /// A session is set up and a share connected, and nothing seen so far is signed or
+    /// encrypted.
     Unsigned,
     /// The connection passes through byte for byte, for good.
     PassThrough(Reason),
@@ -128,6 +134,10 @@ pub struct Observer {
     to_client: Deframer,
     verdict: Verdict,
     dialect: Option<Dialect>,
+    /// A SESSION_SETUP succeeded.
+    session: bool,
+    /// The verdict was [`Verdict::Unsigned`] at some point.
+    was_unsigned: bool,
 }
 
 impl Default for Observer {
@@ -143,6 +153,8 @@ impl Observer {
             to_client: Deframer::new(KEEP),
             verdict: Verdict::Negotiating,
             dialect: None,
+            session: false,
+            was_unsigned: false,
         }
     }
 
@@ -150,12 +162,19 @@ impl Observer {
         self.verdict
     }
 
+    /// Whether the connection was judged [`Verdict::Unsigned`] at some point, perhaps in the
+    /// same read that then passed it through (which [`Observer::feed`] reports alone).
+    pub fn was_unsigned(&self) -> bool {
+        self.was_unsigned
+    }
+
     /// The dialect the last NEGOTIATE response agreed, once one did.
     pub fn dialect(&self) -> Option<Dialect> {
         self.dialect
     }
 
-    /// Reads the next bytes travelling `direction`; returns the new verdict if it changed.
+    /// Reads the next bytes travelling `direction`; returns the new verdict if it changed
+    /// (the last one, if one read changed it twice).
     pub fn feed(&mut self, direction: Direction, data: &[u8]) -> Option<Verdict> {
         if let Verdict::PassThrough(_) = self.verdict {
             return None;
@@ -164,6 +183,8 @@ impl Observer {
         let mut judged = Judged {
             verdict: self.verdict,
             dialect: &mut self.dialect,
+            session: &mut self.session,
+            was_unsigned: &mut self.was_unsigned,
             direction,
         };
         let deframer = match direction {
@@ -183,6 +204,8 @@ impl Observer {
 struct Judged<'a> {
     verdict: Verdict,
     dialect: &'a mut Option<Dialect>,
+    session: &'a mut bool,
+    was_unsigned: &'a mut bool,
     direction: Direction,
 }
 
@@ -251,13 +274,19 @@ impl Judged<'_> {
                     // A session before any dialect was agreed.
                     return Err(Reason::Malformed);
                 }
-                self.verdict = Verdict::Unsigned;
+                *self.session = true;
             }
             Command::TREE_CONNECT => {
                 let tree = TreeConnectResponse::parse(body).map_err(|_| Reason::Malformed)?;
                 if tree.encrypts() {
                     return Err(Reason::Encrypted);
                 }
+                if !*self.session {
+                    // A share before any session was set up.
+                    return Err(Reason::Malformed);
+                }
+                self.verdict = Verdict::Unsigned;
+                *self.was_unsigned = true;
             }
             _ => {}
         }
@@ -321,11 +350,24 @@ mod tests {
         )
     }
 
+    fn tree_connect_response(share_flags: u32) -> Vec<u8> {
+        let mut body = vec![0; 16];
+        body[0] = 16;
+        body[4..8].copy_from_slice(&share_flags.to_le_bytes());
+        frame(
+            Command::TREE_CONNECT,
+            flags::SERVER_TO_REDIR,
+            status::SUCCESS,
+            &body,
+        )
+    }
+
     fn request(command: Command, flags: u32) -> Vec<u8> {
         frame(command, flags, 0, &[0; 8])
     }
 
-    fn established(dialect: Dialect) -> Observer {
+    /// An observer that saw a session set up in `dialect`, not yet a share.
+    fn set_up(dialect: Dialect) -> Observer {
         let mut o = Observer::new();
         assert_eq!(
             o.feed(Direction::ToServer, &request(Command::NEGOTIATE, 0)),
@@ -337,9 +379,19 @@ mod tests {
         );
         assert_eq!(
             o.feed(Direction::ToClient, &session_setup_response(0)),
-            Some(Verdict::Unsigned)
+            None
         );
         assert_eq!(o.dialect(), Some(dialect));
+        o
+    }
+
+    /// An observer that saw a session set up in `dialect` and a share connected.
+    fn established(dialect: Dialect) -> Observer {
+        let mut o = set_up(dialect);
+        assert_eq!(
+            o.feed(Direction::ToClient, &tree_connect_response(0)),
+            Some(Verdict::Unsigned)
+        );
         o
     }
 
@@ -360,6 +412,10 @@ mod tests {
         );
         assert_eq!(
             o.feed(Direction::ToClient, &session_setup_response(0)),
+            None
+        );
+        assert_eq!(
+            o.feed(Direction::ToClient, &tree_connect_response(0)),
             Some(Verdict::Unsigned)
         );
         // SMB1 once a dialect is agreed is SMB1 in use.
@@ -385,9 +441,16 @@ mod tests {
                 Reason::Dialect(Dialect(0x0222)),
             ),
             (
-                established(Dialect::SMB_2_1),
+                // smbclient's TREE_CONNECT in a session with a key.
+                set_up(Dialect::SMB_2_1),
                 Direction::ToServer,
                 request(Command::TREE_CONNECT, flags::SIGNED),
+                Reason::Signed,
+            ),
+            (
+                established(Dialect::SMB_2_1),
+                Direction::ToServer,
+                request(Command::READ, flags::SIGNED),
                 Reason::Signed,
             ),
             (
@@ -397,14 +460,9 @@ mod tests {
                 Reason::Encrypted,
             ),
             (
-                established(Dialect::SMB_3_0),
+                set_up(Dialect::SMB_3_0),
                 Direction::ToClient,
-                {
-                    let mut body = vec![0; 16];
-                    body[0] = 16;
-                    body[4..8].copy_from_slice(&0x8000u32.to_le_bytes());
-                    frame(Command::TREE_CONNECT, flags::SERVER_TO_REDIR, 0, &body)
-                },
+                tree_connect_response(0x8000),
                 Reason::Encrypted,
             ),
             (
@@ -439,6 +497,13 @@ mod tests {
                 session_setup_response(0),
                 Reason::Malformed,
             ),
+            (
+                // A share before any session.
+                Observer::new(),
+                Direction::ToClient,
+                tree_connect_response(0),
+                Reason::Malformed,
+            ),
         ];
         for (mut o, direction, bytes, reason) in cases {
             assert_eq!(
@@ -456,14 +521,28 @@ mod tests {
     }
 
     #[test]
+    fn one_read_that_connects_a_share_and_then_passes_through_is_both() {
+        let mut o = set_up(Dialect::SMB_2_1);
+        let mut both = tree_connect_response(0);
+        both.extend([0, 0, 0, 4, 0xff, b'S', b'M', b'B']);
+        assert!(!o.was_unsigned());
+        assert_eq!(
+            o.feed(Direction::ToClient, &both),
+            Some(Verdict::PassThrough(Reason::Smb1))
+        );
+        assert!(o.was_unsigned());
+    }
+
+    #[test]
     fn a_signed_final_session_setup_is_not_a_signed_session() {
         let mut o = Observer::new();
         o.feed(Direction::ToClient, &negotiate_response(Dialect::SMB_3_1_1));
         let mut signed = session_setup_response(0);
         // The flags field of the header, after the 4-byte framing.
         signed[4 + 16] |= flags::SIGNED as u8;
+        assert_eq!(o.feed(Direction::ToClient, &signed), None);
         assert_eq!(
-            o.feed(Direction::ToClient, &signed),
+            o.feed(Direction::ToClient, &tree_connect_response(0)),
             Some(Verdict::Unsigned)
         );
         assert_eq!(

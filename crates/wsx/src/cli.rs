@@ -488,6 +488,24 @@ fn status_table(s: &Status) {
             m.relay_buffers_refused
         );
     }
+    if s.smb.sessions > 0 {
+        let passed: Vec<String> = s
+            .smb
+            .passed_through
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect();
+        let passed = if passed.is_empty() {
+            "none".to_owned()
+        } else {
+            passed.join(", ")
+        };
+        println!(
+            "SMB             {} sessions watched, {} unsigned; passed through: {passed}",
+            s.smb.sessions, s.smb.unsigned
+        );
+    }
     let t = &s.totals;
     println!(
         "since start     {} opened, {} completed, {} reset, {} refused; {} from clients, {} from servers",

@@ -84,6 +84,8 @@ struct Inner {
     capacity: capacity::Capacity,
     /// Large relay buffers, lent within the memory budget.
     relay_buffers: Arc<crate::buffers::RelayBuffers>,
+    /// What the SMB observers concluded.
+    smb: Arc<crate::smb::SmbTotals>,
 }
 
 /// The memory budget's state ([`Gateway::memory`]).
@@ -175,6 +177,7 @@ impl Gateway {
             relay_buffers: crate::buffers::RelayBuffers::new(
                 usize::try_from(budget.relay_buffers()).unwrap_or(usize::MAX),
             ),
+            smb: Arc::default(),
         });
         if let Some(c) = &config.shaping {
             inner.shaping_on_with(c)?;
@@ -213,6 +216,11 @@ impl Gateway {
             relay_buffers_lent: buffers.lent() as u64,
             relay_buffers_refused: buffers.refused(),
         }
+    }
+
+    /// What the SMB observers of the sessions to port 445 concluded, since start.
+    pub fn smb(&self) -> crate::SmbStats {
+        self.inner.smb.snapshot()
     }
 
     /// The configured `max_sessions`.

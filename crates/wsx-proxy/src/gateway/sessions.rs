@@ -18,6 +18,7 @@ use crate::relay::{self, Outcome, Side, code};
 use crate::routing::{self, Candidate, Decision};
 use crate::session::{Ending, Entry, Route, Session, SessionState};
 use crate::shaping::{Class, FlowGuard, Shaped};
+use crate::smb::{self, Watch};
 use crate::sys::{self, LanSocketOptions};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -100,6 +101,7 @@ impl Inner {
             route,
             stream,
             flow,
+            watch,
         } = match carrier {
             Ok(carrier) => {
                 if carrier.stream.is_some() {
@@ -134,7 +136,7 @@ impl Inner {
                         return;
                     }
                     hold_to(&tcp, flow.as_ref());
-                    self.relay(&session, tcp, stream).await
+                    self.relay(&session, tcp, stream, watch).await
                 }
                 // Direct, and for an intercepted client still from its address (not its
                 // port: that 4-tuple is the connection intercepted here; see `sys`).
@@ -218,7 +220,7 @@ impl Inner {
             Decision::Reject { peer } => Err(peer),
             Decision::Tunnel {
                 peer,
-                tunnel: (tunnel, codec),
+                tunnel: Via { tunnel, codec, smb },
             } => {
                 let meta = StreamMeta {
                     source: Some(client.0),
@@ -232,6 +234,7 @@ impl Inner {
                         peer: Some(peer),
                         route: Route::Tunnel,
                         stream: Some(Chunked::new(stream, codec)),
+                        watch: self.smb_watch(smb, destination.port()),
                     }),
                     Err(e) => {
                         debug!(error = %e, %peer, "no stream; bypassing");
@@ -248,7 +251,7 @@ impl Inner {
 
     /// Where a connection for the peer `selector` finds goes, given whether a session slot
     /// is free: the peer's tunnel, its secondary's, or its failure policy.
-    fn decide(&self, selector: &PeerSelector, slot_free: bool) -> Decision<(Tunnel, Codec)> {
+    fn decide(&self, selector: &PeerSelector, slot_free: bool) -> Decision<Via> {
         let health = self.config().sessions.health_timeout;
         let set = self.peer_set();
         let peer = match selector {
@@ -292,9 +295,9 @@ impl Inner {
                         let buffer = usize::try_from(flow.buffer()).unwrap_or(usize::MAX);
                         let buffer = buffer.min(config.sessions.relay_buffer);
                         let server = Shaped::new(server, flow);
-                        self.relay_with(session, tcp, server, buffer).await
+                        self.relay_with(session, tcp, server, buffer, None).await
                     }
-                    None => self.relay(session, tcp, server).await,
+                    None => self.relay(session, tcp, server, None).await,
                 })
             }
             Err(e) => {
@@ -316,7 +319,8 @@ impl Inner {
         tunnel: Tunnel,
         mut stream: Stream,
     ) {
-        let (codec, peer) = (peer.codec(), peer.config().name);
+        let (codec, config) = (peer.codec(), peer.config());
+        let (peer, smb) = (config.name, config.smb);
         let meta = stream.meta().clone();
         let (Some(source), Some(destination)) = (meta.source, meta.destination.clone()) else {
             stream.reset(code::REJECTED);
@@ -385,7 +389,8 @@ impl Inner {
                     hold_to(&server, flow.as_ref());
                     info!("session opened");
                     let stream = Chunked::new(stream, codec);
-                    let outcome = self.relay(&session, stream, server).await;
+                    let watch = self.smb_watch(smb, destination.port());
+                    let outcome = self.relay(&session, stream, server, watch).await;
                     self.log_outcome(&session, outcome);
                 }
                 Err(e) => {
@@ -422,11 +427,24 @@ impl Inner {
         Some(flow)
     }
 
+    /// An SMB observer for a session to `port` through the tunnel of a peer with `smb` on,
+    /// if the port is SMB's.
+    fn smb_watch(&self, smb: bool, port: u16) -> Option<Watch> {
+        (smb && port == smb::PORT).then(|| Watch::new(self.smb.clone()))
+    }
+
     /// Relays a session's two sides until they end, it idles out, the operator kills it or
-    /// the drain deadline passes.
-    async fn relay(&self, session: &Session, client: impl Side, server: impl Side) -> Outcome {
+    /// the drain deadline passes; `watch` observes it.
+    async fn relay(
+        &self,
+        session: &Session,
+        client: impl Side,
+        server: impl Side,
+        watch: Option<Watch>,
+    ) -> Outcome {
         let buffer = self.config().sessions.relay_buffer;
-        self.relay_with(session, client, server, buffer).await
+        self.relay_with(session, client, server, buffer, watch)
+            .await
     }
 
     /// [`Self::relay`] with buffers of `buffer` bytes each way.
@@ -436,6 +454,7 @@ impl Inner {
         client: impl Side,
         server: impl Side,
         buffer: usize,
+        watch: Option<Watch>,
     ) -> Outcome {
         let config = self.config();
         let buffers = relay::Buffers {
@@ -448,6 +467,7 @@ impl Inner {
             session,
             buffers,
             config.sessions.idle_timeout,
+            watch,
             async {
                 session.kill.cancelled().await;
                 if self.kill.is_cancelled() {
@@ -482,6 +502,8 @@ struct Carrier {
     stream: Option<Chunked<Stream>>,
     /// The stream's flow in the shaper (the direct path opens its own once connected).
     flow: Option<FlowGuard>,
+    /// The SMB observer of a session to port 445 through the tunnel of a peer with `smb` on.
+    watch: Option<Watch>,
 }
 
 impl Carrier {
@@ -492,17 +514,30 @@ impl Carrier {
             route: Route::Bypass,
             stream: None,
             flow: None,
+            watch: None,
         }
     }
 }
 
+/// A peer's tunnel as routing offers it: with the codec of its streams and whether its
+/// sessions to port 445 are watched.
+struct Via {
+    tunnel: Tunnel,
+    codec: Codec,
+    smb: bool,
+}
+
 /// `peer` as routing sees it now.
-fn candidate(peer: &Peer, health: Duration) -> Candidate<(Tunnel, Codec)> {
+fn candidate(peer: &Peer, health: Duration) -> Candidate<Via> {
     let config = peer.config();
     Candidate {
         name: config.name,
         force_bypass: config.force_bypass,
-        tunnel: peer.usable_tunnel(health).map(|t| (t, peer.codec())),
+        tunnel: peer.usable_tunnel(health).map(|tunnel| Via {
+            tunnel,
+            codec: peer.codec(),
+            smb: config.smb,
+        }),
         secondary: config.secondary,
         on_failure: config.on_failure,
     }

@@ -164,6 +164,9 @@ pub(crate) struct Peer {
     pub(crate) fec: Fec,
     #[serde(default = "default_fec_max_overhead")]
     pub(crate) fec_max_overhead: Spanned<f64>,
+    /// Watch sessions to TCP 445 through this peer as SMB (judged and counted).
+    #[serde(default = "yes")]
+    pub(crate) smb: bool,
 }
 
 /// `[[forward]]`: connections to `listen` go through `peer`, whose gateway connects to `to`.
@@ -677,6 +680,7 @@ impl Loaded {
                 ));
             }
             peer.fec_max_overhead = overhead;
+            peer.smb = p.smb;
             gateway.peers.push(peer);
         }
         for (i, f) in c.forwards.iter().enumerate() {
@@ -960,6 +964,10 @@ fec = "off"
             ),
             (Some(9), FecMode::On, 0.1)
         );
+        assert!(c.peers[0].smb, "SMB sessions are watched by default");
+        assert!(!parse(&peer("smb = false")).unwrap().peers[0].smb);
+        let e = parse(&peer("smb = 1")).unwrap_err().to_string();
+        assert!(e.starts_with("wsx.toml:6:7: "), "{e}");
         let e = parse(&peer("compression_level = 0"))
             .unwrap_err()
             .to_string();
