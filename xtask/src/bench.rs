@@ -221,6 +221,18 @@ pub(crate) struct BenchArgs {
     /// Bytes of each answer in --exchanges, KiB.
     #[arg(long, default_value_t = 64)]
     answer_kib: usize,
+    /// Instead of bulk transfers, an SMB file read of this many MiB from Samba in the
+    /// server's namespace, one READ outstanding (smbprotocol); modes: wsx, direct-cubic,
+    /// direct-bbr [default: direct-bbr and wsx].
+    #[arg(long)]
+    smb_file_mib: Option<usize>,
+    /// The size of each READ in --smb-file-mib, KiB.
+    #[arg(long, default_value_t = 64)]
+    smb_read_kib: usize,
+    /// The SMB dialect the client asks for in --smb-file-mib (hexadecimal, e.g. 0x0210 for
+    /// 2.1, 0x0311 for 3.1.1).
+    #[arg(long, default_value = "0x0210", value_parser = parse_dialect)]
+    smb_dialect: u16,
     /// Instead, the tunnel core alone in simulation with this many concurrent streams
     /// (heap per stream, CPU per stream opened and closed); repeat for several counts.
     #[arg(long)]
@@ -492,6 +504,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     if let Some(exchanges) = args.exchanges {
         return run_exchanges(args, exchanges);
     }
+    if let Some(mib) = args.smb_file_mib {
+        return run_smb(args, mib);
+    }
     let cases = cases(args);
     let binary = crate::build_lab_binary()?;
     wsx_lab::install_signal_cleanup()?;
@@ -606,6 +621,45 @@ fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
     let binary = crate::build_lab_binary()?;
     wsx_lab::install_signal_cleanup()?;
     crate::exchange::run(&cases, &binary, args.json.as_deref())
+}
+
+/// The SMB file-read cases: each mode with each gateway build.
+fn run_smb(args: &BenchArgs, mib: usize) -> Result<()> {
+    use crate::smb::SmbCase;
+    let mut modes = args.mode.clone();
+    if modes.is_empty() {
+        modes = vec![Mode::DirectBbr, Mode::Wsx];
+    }
+    let mut cases = Vec::new();
+    for mode in modes {
+        for wsx_binary in &wsx_binaries(args, mode) {
+            cases.push(SmbCase {
+                mode,
+                wan: args.wan.clone(),
+                ipv6: args.ipv6,
+                file_bytes: mib << 20,
+                read_bytes: args.smb_read_kib << 10,
+                dialect: args.smb_dialect,
+                gateways: Settings {
+                    fec: fecs(args)[0],
+                    compression: !args.no_compression,
+                    shape_kbit: None,
+                    max_rate_mbit: args.max_rate_mbit,
+                    max_datagram: None,
+                },
+                wsx_binary: wsx_binary.clone(),
+            });
+        }
+    }
+    let binary = crate::build_lab_binary()?;
+    wsx_lab::install_signal_cleanup()?;
+    crate::smb::run(&cases, &binary, args.json.as_deref())
+}
+
+/// A dialect as `0x0210` or `210`.
+fn parse_dialect(text: &str) -> Result<u16, String> {
+    let digits = text.trim_start_matches("0x");
+    u16::from_str_radix(digits, 16).map_err(|e| format!("a dialect in hexadecimal: {e}"))
 }
 
 /// The `max_datagram` settings asked for (the gateways' default if none).

@@ -87,3 +87,54 @@ fn on_path(program: &str) -> bool {
         .chain(["/usr/sbin".into(), "/sbin".into()])
         .any(|d| d.join(program).is_file())
 }
+
+/// Installs the Python package `requirement` (`name==version`) into its own virtual
+/// environment, `target/tools/NAME`, unless that version is there already; returns the
+/// environment's directory.
+pub(crate) fn python_tool(requirement: &str) -> Result<std::path::PathBuf> {
+    let (name, version) = requirement
+        .split_once("==")
+        .context("a pinned requirement")?;
+    let venv = crate::workspace_root().join("target/tools").join(name);
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["show", name])
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l == format!("Version: {version}"))
+        });
+    if installed {
+        return Ok(venv);
+    }
+    // Debian's python3 needs python3-venv for `-m venv` (ensurepip).
+    let has_venv = Command::new("python3")
+        .args(["-c", "import ensurepip, venv"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_venv {
+        install_packages(&["python3-venv"])?;
+    }
+    println!("installing {requirement} into {}", venv.display());
+    let status = Command::new("python3")
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv)
+        .status()
+        .context("running python3 -m venv")?;
+    if !status.success() {
+        bail!("creating the virtual environment {} failed", venv.display());
+    }
+    let status = Command::new(venv.join("bin/pip"))
+        .args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            requirement,
+        ])
+        .status()
+        .context("running pip")?;
+    if !status.success() {
+        bail!("pip install {requirement} failed");
+    }
+    Ok(venv)
+}

@@ -27,6 +27,7 @@ mod gateway;
 mod host;
 mod sessions;
 mod shaping;
+mod smb;
 mod soak;
 mod test;
 

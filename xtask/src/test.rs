@@ -35,8 +35,8 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     host::require_root("test")?;
     host::ensure(host::LAB)?;
     host::ensure(host::TESTS)?;
-    let schemathesis = python_tool(SCHEMATHESIS)?.join("bin/schemathesis");
-    let selenium = python_tool(SELENIUM)?.join("bin/python");
+    let schemathesis = host::python_tool(SCHEMATHESIS)?.join("bin/schemathesis");
+    let selenium = host::python_tool(SELENIUM)?.join("bin/python");
     for ns in wsx_lab::clean(false)? {
         println!("removed leftover namespace {ns}");
     }
@@ -96,55 +96,4 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     }
     println!("all tests passed; no namespaces leaked");
     Ok(())
-}
-
-/// Installs the Python package `requirement` (`name==version`) into its own virtual
-/// environment, `target/tools/NAME`, unless that version is there already; returns the
-/// environment's directory.
-fn python_tool(requirement: &str) -> Result<std::path::PathBuf> {
-    let (name, version) = requirement
-        .split_once("==")
-        .context("a pinned requirement")?;
-    let venv = crate::workspace_root().join("target/tools").join(name);
-    let installed = Command::new(venv.join("bin/pip"))
-        .args(["show", name])
-        .output()
-        .is_ok_and(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .any(|l| l == format!("Version: {version}"))
-        });
-    if installed {
-        return Ok(venv);
-    }
-    // Debian's python3 needs python3-venv for `-m venv` (ensurepip).
-    let has_venv = Command::new("python3")
-        .args(["-c", "import ensurepip, venv"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_venv {
-        host::install_packages(&["python3-venv"])?;
-    }
-    println!("installing {requirement} into {}", venv.display());
-    let status = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&venv)
-        .status()
-        .context("running python3 -m venv")?;
-    if !status.success() {
-        bail!("creating the virtual environment {} failed", venv.display());
-    }
-    let status = Command::new(venv.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            requirement,
-        ])
-        .status()
-        .context("running pip")?;
-    if !status.success() {
-        bail!("pip install {requirement} failed");
-    }
-    Ok(venv)
 }
