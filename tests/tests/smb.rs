@@ -2,7 +2,7 @@
 //! configuration) in the server's, intercepted at gw-a and carried through the tunnel. Every
 //! file read or written is checked by SHA-256; each session is judged by both gateways'
 //! observers as the kind it is (guest sessions unsigned, signed and encrypted ones passed
-//! through), and gw-a's API, metrics and `wsx status` count them.
+//! through), and gw-a's API, metrics and `wsx status` count them and their READs.
 //! Needs root and Samba (`cargo xtask test` installs it).
 
 // Test code: an unwrap here is an assertion.
@@ -127,6 +127,12 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
     assert_eq!(smb["passed_through"]["signed"], 1, "{smb}");
     assert_eq!(smb["passed_through"]["encrypted"], 1, "{smb}");
     assert_eq!(smb["passed_through"]["malformed"], 0, "{smb}");
+    eprintln!("SMB totals: {smb}");
+    // The two guest reads (the other sessions passed through before reading): every byte
+    // of the file asked for, and the first READ of each session sent alone.
+    assert!(smb["read_bytes"].as_u64().unwrap() >= 2 * 3_000_000, "{smb}");
+    assert!(smb["reads_alone"].as_u64().unwrap() >= 2, "{smb}");
+    assert!(smb["reads"].as_u64().unwrap() >= smb["reads_alone"].as_u64().unwrap(), "{smb}");
 
     let (_, metrics) =
         wsx_e2e::api_request(&lab, Node::GwA, (API, TOKEN), ("GET", "/metrics"), None);
@@ -154,4 +160,5 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
         ),
         "{text}"
     );
+    assert!(text.contains("SMB reads       2 ("), "{text}");
 }

@@ -21,6 +21,7 @@
 //! | `wsx_session_bytes_total` | `peer`, `route`, `direction` | read from clients / servers |
 //! | `wsx_smb_sessions_total` | | sessions to TCP 445 watched as SMB |
 //! | `wsx_smb_unsigned_total` | | of those, connected to a share with nothing signed or encrypted |
+//! | `wsx_smb_reads_total`, `wsx_smb_read_bytes_total`, `wsx_smb_reads_alone_total` | | READs in the sessions watched (until a session passed through), the bytes asked, and those sent with no other READ of their session in flight |
 //! | `wsx_smb_passed_through_total` | `reason` | relayed byte for byte for good: `not_framed`, `smb1`, `dialect`, `signed`, `encrypted`, `compressed`, `malformed` |
 //! | `wsx_peer_up` | `peer` | 1 when a tunnel is established and the peer heard from |
 //! | `wsx_peer_bypass_forced` | `peer` | |
@@ -256,6 +257,25 @@ impl Collector for GatewayCollector {
             "SMB sessions that connected a share with nothing signed or encrypted",
             [counter(vec![], smb.unsigned)],
         )?;
+        for (name, help, value) in [
+            (
+                "wsx_smb_reads",
+                "READ requests in the SMB sessions watched, until a session passed through",
+                smb.reads,
+            ),
+            (
+                "wsx_smb_read_bytes",
+                "Bytes those READ requests asked for",
+                smb.read_bytes,
+            ),
+            (
+                "wsx_smb_reads_alone",
+                "READs sent while no other READ of their session was in flight (each waits a round trip)",
+                smb.reads_alone,
+            ),
+        ] {
+            family(&mut e, name, help, [counter(vec![], value)])?;
+        }
         family(
             &mut e,
             "wsx_smb_passed_through",

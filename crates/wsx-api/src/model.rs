@@ -52,6 +52,15 @@ pub struct Smb {
     /// TCP framing), `smb1`, `dialect` (other than 2.0.2-3.1.1), `signed`, `encrypted`,
     /// `compressed`, `malformed`.
     pub passed_through: BTreeMap<String, u64>,
+    /// READ requests in the sessions watched (until a session passed through), the bytes
+    /// they asked for, and those sent while no other READ of their session was in flight:
+    /// each of those waited a whole round trip, which is what read-ahead takes away.
+    #[serde(default)]
+    pub reads: u64,
+    #[serde(default)]
+    pub read_bytes: u64,
+    #[serde(default)]
+    pub reads_alone: u64,
 }
 
 impl Smb {
@@ -64,6 +73,9 @@ impl Smb {
                 .iter()
                 .map(|&(name, n)| (name.to_owned(), n))
                 .collect(),
+            reads: s.reads,
+            read_bytes: s.read_bytes,
+            reads_alone: s.reads_alone,
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::info;
-use wsx_smb::{Direction, Observer, Reason, Verdict};
+use wsx_smb::{Direction, Observer, ReadStats, Reason, Verdict};
 
 /// The port SMB2/3 runs on (Direct TCP, MS-SMB2 2.1).
 pub(crate) const PORT: u16 = 445;
@@ -21,6 +21,9 @@ pub(crate) struct SmbTotals {
     unsigned: AtomicU64,
     /// Indexed by [`Reason::index`].
     passed_through: [AtomicU64; Reason::NAMES.len()],
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    reads_alone: AtomicU64,
 }
 
 /// [`SmbTotals`] read at one moment ([`crate::Gateway::smb`]).
@@ -34,6 +37,13 @@ pub struct SmbStats {
     pub unsigned: u64,
     /// Sessions relayed byte for byte for good, by reason, in [`Reason::NAMES`] order.
     pub passed_through: Vec<(&'static str, u64)>,
+    /// READ requests in the sessions watched, until a session passed through.
+    pub reads: u64,
+    /// The bytes they asked for.
+    pub read_bytes: u64,
+    /// READs sent while no other READ of their session was in flight: each waited a whole
+    /// round trip, which is what read-ahead takes away.
+    pub reads_alone: u64,
 }
 
 impl SmbTotals {
@@ -46,6 +56,9 @@ impl SmbTotals {
                 .zip(&self.passed_through)
                 .map(|(&name, n)| (name, n.load(Ordering::Relaxed)))
                 .collect(),
+            reads: self.reads.load(Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            reads_alone: self.reads_alone.load(Ordering::Relaxed),
         }
     }
 }
@@ -57,6 +70,8 @@ pub(crate) struct Watch {
     totals: Arc<SmbTotals>,
     /// The session was counted as unsigned.
     counted_unsigned: bool,
+    /// The observer's READs already added to the totals.
+    counted_reads: ReadStats,
 }
 
 impl Watch {
@@ -67,6 +82,7 @@ impl Watch {
             observer: Observer::new(),
             totals,
             counted_unsigned: false,
+            counted_reads: ReadStats::default(),
         }
     }
 
@@ -84,6 +100,16 @@ impl Watch {
             self.counted_unsigned = true;
             self.totals.unsigned.fetch_add(1, Ordering::Relaxed);
             info!(dialect = dialect(), "SMB session unsigned");
+        }
+        let reads = self.observer.reads();
+        if reads != self.counted_reads {
+            let old = std::mem::replace(&mut self.counted_reads, reads);
+            let add = |counter: &AtomicU64, now: u64, before: u64| {
+                counter.fetch_add(now - before, Ordering::Relaxed);
+            };
+            add(&self.totals.reads, reads.reads, old.reads);
+            add(&self.totals.read_bytes, reads.bytes, old.bytes);
+            add(&self.totals.reads_alone, reads.alone, old.alone);
         }
         if let Some(Verdict::PassThrough(reason)) = changed {
             self.totals.passed_through[reason.index()].fetch_add(1, Ordering::Relaxed);

@@ -12,8 +12,10 @@
 //! - [`wire`]: everything on the wire, in smoltcp's style (a parsed representation with
 //!   `parse`/`emit`, never a panic on input): [`wire::framing`] (Direct TCP),
 //!   [`wire::header`] (the 64-byte header, its flags and commands, compound chains),
-//!   [`wire::messages`] (NEGOTIATE, SESSION_SETUP and TREE_CONNECT responses).
-//! - [`observe`]: [`Observer`], one per connection, fed the bytes the relay copies.
+//!   [`wire::messages`] (NEGOTIATE, SESSION_SETUP and TREE_CONNECT responses, READ requests
+//!   and responses).
+//! - [`observe`]: [`Observer`], one per connection, fed the bytes the relay copies: its
+//!   verdict, and its READs ([`ReadStats`]: how many waited a whole round trip alone).
 //!
 //! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds it. The read-ahead
 //! engine (CREATE-triggered metadata, sequential READ windows) builds on these two layers and
@@ -23,4 +25,4 @@
 pub mod observe;
 pub mod wire;
 
-pub use observe::{Direction, KEEP, Observer, Reason, Verdict};
+pub use observe::{Direction, KEEP, Observer, ReadStats, Reason, Verdict};

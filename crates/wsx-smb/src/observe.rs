@@ -34,7 +34,7 @@
 use crate::wire::framing::{Deframer, FrameStart};
 use crate::wire::header::{Command, Header, Messages, Protocol, status};
 use crate::wire::messages::{
-    Dialect, NegotiateResponse, SessionSetupResponse, TreeConnectResponse,
+    Dialect, NegotiateResponse, ReadRequest, SessionSetupResponse, TreeConnectResponse,
 };
 
 /// Bytes of each frame the observer reads: headers, fixed bodies, compound chains of small
@@ -118,6 +118,19 @@ impl std::fmt::Display for Reason {
     }
 }
 
+/// The READs of a connection the observer read (those of a connection that passed through
+/// stop counting then).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// READ requests.
+    pub reads: u64,
+    /// The bytes they asked for.
+    pub bytes: u64,
+    /// READ requests sent while no other READ of the connection was in flight: each waits
+    /// a whole round trip for its answer, which is what read-ahead takes away.
+    pub alone: u64,
+}
+
 /// Which way bytes travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -138,6 +151,9 @@ pub struct Observer {
     session: bool,
     /// The verdict was [`Verdict::Unsigned`] at some point.
     was_unsigned: bool,
+    reads: ReadStats,
+    /// READ requests not answered yet (an interim answer does not count).
+    reads_in_flight: u64,
 }
 
 impl Default for Observer {
@@ -155,6 +171,8 @@ impl Observer {
             dialect: None,
             session: false,
             was_unsigned: false,
+            reads: ReadStats::default(),
+            reads_in_flight: 0,
         }
     }
 
@@ -166,6 +184,11 @@ impl Observer {
     /// same read that then passed it through (which [`Observer::feed`] reports alone).
     pub fn was_unsigned(&self) -> bool {
         self.was_unsigned
+    }
+
+    /// The READs read so far.
+    pub fn reads(&self) -> ReadStats {
+        self.reads
     }
 
     /// The dialect the last NEGOTIATE response agreed, once one did.
@@ -185,6 +208,8 @@ impl Observer {
             dialect: &mut self.dialect,
             session: &mut self.session,
             was_unsigned: &mut self.was_unsigned,
+            reads: &mut self.reads,
+            reads_in_flight: &mut self.reads_in_flight,
             direction,
         };
         let deframer = match direction {
@@ -206,20 +231,41 @@ struct Judged<'a> {
     dialect: &'a mut Option<Dialect>,
     session: &'a mut bool,
     was_unsigned: &'a mut bool,
+    reads: &'a mut ReadStats,
+    reads_in_flight: &'a mut u64,
     direction: Direction,
 }
 
 impl Judged<'_> {
+    /// Counts a READ request.
+    fn read_asked(&mut self, read: &ReadRequest) {
+        self.reads.reads += 1;
+        self.reads.bytes += u64::from(read.length);
+        if *self.reads_in_flight == 0 {
+            self.reads.alone += 1;
+        }
+        *self.reads_in_flight += 1;
+    }
+
+    /// A READ answered: an error ends it as well as data does; an interim STATUS_PENDING
+    /// does not.
+    fn read_answered(&mut self, header: &Header) {
+        if header.status != status::PENDING {
+            *self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        }
+    }
+
     fn frame(&mut self, frame: FrameStart<'_>) {
         if let Verdict::PassThrough(_) = self.verdict {
             return;
         }
-        if let Err(reason) = self.judge(frame.prefix) {
+        if let Err(reason) = self.judge(frame.prefix, frame.len == frame.prefix.len()) {
             self.verdict = Verdict::PassThrough(reason);
         }
     }
 
-    fn judge(&mut self, frame: &[u8]) -> Result<(), Reason> {
+    /// Judges a frame from its first bytes, `frame` (`whole`: all of it).
+    fn judge(&mut self, frame: &[u8], whole: bool) -> Result<(), Reason> {
         match Protocol::of(frame) {
             Some(Protocol::Smb2) => {}
             // Older clients open with an SMB1 multi-protocol NEGOTIATE; the server answers it
@@ -236,7 +282,9 @@ impl Judged<'_> {
         }
         let mut messages = Messages::new(frame);
         for (header, message) in messages.by_ref() {
-            self.message(&header, &message[crate::wire::header::HEADER_LEN..])?;
+            // The last message held may be cut where the bytes held end.
+            let cut = !whole && std::ptr::eq(message.as_ptr_range().end, frame.as_ptr_range().end);
+            self.message(&header, &message[crate::wire::header::HEADER_LEN..], cut)?;
         }
         match messages.error() {
             Some(_) => Err(Reason::Malformed),
@@ -244,12 +292,25 @@ impl Judged<'_> {
         }
     }
 
-    fn message(&mut self, header: &Header, body: &[u8]) -> Result<(), Reason> {
+    /// Judges one message; `cut`: its body may be cut short (it is not judged then, if it
+    /// does not parse).
+    fn message(&mut self, header: &Header, body: &[u8], cut: bool) -> Result<(), Reason> {
+        let unreadable = || if cut { Ok(()) } else { Err(Reason::Malformed) };
         if header.is_response() != (self.direction == Direction::ToClient) {
             return Err(Reason::Malformed);
         }
         if header.is_signed() && header.command != Command::SESSION_SETUP {
             return Err(Reason::Signed);
+        }
+        if header.command == Command::READ {
+            if header.is_response() {
+                self.read_answered(header);
+            } else {
+                let Ok(read) = ReadRequest::parse(body) else {
+                    return unreadable();
+                };
+                self.read_asked(&read);
+            }
         }
         // Only successful responses say anything more; an async interim response
         // (STATUS_PENDING) has an error body, and the final one follows.
@@ -258,7 +319,9 @@ impl Judged<'_> {
         }
         match header.command {
             Command::NEGOTIATE => {
-                let negotiate = NegotiateResponse::parse(body).map_err(|_| Reason::Malformed)?;
+                let Ok(negotiate) = NegotiateResponse::parse(body) else {
+                    return unreadable();
+                };
                 let dialect = negotiate.dialect;
                 *self.dialect = Some(dialect);
                 if !dialect.is_known() && dialect != Dialect::WILDCARD {
@@ -266,7 +329,9 @@ impl Judged<'_> {
                 }
             }
             Command::SESSION_SETUP => {
-                let setup = SessionSetupResponse::parse(body).map_err(|_| Reason::Malformed)?;
+                let Ok(setup) = SessionSetupResponse::parse(body) else {
+                    return unreadable();
+                };
                 if setup.encrypts() {
                     return Err(Reason::Encrypted);
                 }
@@ -277,7 +342,9 @@ impl Judged<'_> {
                 *self.session = true;
             }
             Command::TREE_CONNECT => {
-                let tree = TreeConnectResponse::parse(body).map_err(|_| Reason::Malformed)?;
+                let Ok(tree) = TreeConnectResponse::parse(body) else {
+                    return unreadable();
+                };
                 if tree.encrypts() {
                     return Err(Reason::Encrypted);
                 }
@@ -546,7 +613,7 @@ mod tests {
             Some(Verdict::Unsigned)
         );
         assert_eq!(
-            o.feed(Direction::ToServer, &request(Command::READ, 0)),
+            o.feed(Direction::ToServer, &request(Command::QUERY_INFO, 0)),
             None
         );
     }
@@ -573,6 +640,103 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn reads_are_counted_and_those_sent_alone_told_apart() {
+        let mut o = established(Dialect::SMB_2_1);
+        let read = |length: u32| {
+            let mut body = [0; ReadRequest::LEN];
+            ReadRequest {
+                padding: 0x50,
+                flags: 0,
+                length,
+                offset: 0,
+                file_id: crate::wire::messages::FileId {
+                    persistent: 1,
+                    volatile: 2,
+                },
+                minimum_count: 0,
+                channel: 0,
+                remaining_bytes: 0,
+                channel_info_offset: 0,
+                channel_info_length: 0,
+            }
+            .emit(&mut body)
+            .unwrap();
+            frame(Command::READ, 0, 0, &body)
+        };
+        let answer = |status| frame(Command::READ, flags::SERVER_TO_REDIR, status, &[0; 16]);
+        // One at a time: each alone.
+        for _ in 0..3 {
+            o.feed(Direction::ToServer, &read(65536));
+            o.feed(Direction::ToClient, &answer(status::PENDING));
+            o.feed(Direction::ToClient, &answer(status::SUCCESS));
+        }
+        // Two outstanding: the second is not alone; an error answer ends one too.
+        o.feed(Direction::ToServer, &read(1000));
+        o.feed(Direction::ToServer, &read(1000));
+        o.feed(Direction::ToClient, &answer(0xc000_0011));
+        o.feed(Direction::ToClient, &answer(status::SUCCESS));
+        o.feed(Direction::ToServer, &read(1));
+        assert_eq!(
+            o.reads(),
+            ReadStats {
+                reads: 6,
+                bytes: 3 * 65536 + 2001,
+                alone: 5
+            }
+        );
+        assert_eq!(o.verdict(), Verdict::Unsigned);
+    }
+
+    #[test]
+    fn a_message_cut_where_the_bytes_held_end_is_not_malformed() {
+        // A compound: a CREATE whose NextCommand puts a READ request 952 bytes in, so that
+        // the READ's body runs past the KEEP bytes the observer holds of the frame.
+        let head = |command, next: u32| {
+            let mut b = [0; HEADER_LEN];
+            Header {
+                credit_charge: 1,
+                status: 0,
+                command,
+                credits: 1,
+                flags: 0,
+                next_command: next,
+                message_id: 3,
+                tree_or_async: TreeOrAsync::Tree {
+                    reserved: 0,
+                    tree_id: 1,
+                },
+                session_id: 5,
+                signature: [0; 16],
+            }
+            .emit(&mut b)
+            .unwrap();
+            b
+        };
+        let mut message = head(Command::CREATE, 952).to_vec();
+        message.resize(952, 0);
+        message.extend(head(Command::READ, 0));
+        message.extend([49, 0]);
+        message.resize(952 + HEADER_LEN + ReadRequest::LEN, 0);
+        let mut frame = frame_header(message.len()).unwrap().to_vec();
+        frame.extend(&message);
+        let mut o = established(Dialect::SMB_2_1);
+        assert_eq!(o.feed(Direction::ToServer, &frame), None);
+        assert_eq!(o.reads().reads, 0, "a READ cut short is not counted");
+        // The same READ, whole but short, is malformed.
+        let mut o = established(Dialect::SMB_2_1);
+        let short = [
+            &frame_header(HEADER_LEN + 8).unwrap()[..],
+            &head(Command::READ, 0),
+            &[49, 0, 0, 0, 0, 0, 0, 0],
+        ]
+        .concat();
+        assert_eq!(
+            o.feed(Direction::ToServer, &short),
+            Some(Verdict::PassThrough(Reason::Malformed))
+        );
     }
 
     #[test]

@@ -505,6 +505,14 @@ fn status_table(s: &Status) {
             "SMB             {} sessions watched, {} unsigned; passed through: {passed}",
             s.smb.sessions, s.smb.unsigned
         );
+        if s.smb.reads > 0 {
+            println!(
+                "SMB reads       {} ({}), {} sent with no other READ in flight",
+                s.smb.reads,
+                human_bytes(s.smb.read_bytes),
+                s.smb.reads_alone
+            );
+        }
     }
     let t = &s.totals;
     println!(
