@@ -130,9 +130,15 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
     eprintln!("SMB totals: {smb}");
     // The two guest reads (the other sessions passed through before reading): every byte
     // of the file asked for, and the first READ of each session sent alone.
-    assert!(smb["read_bytes"].as_u64().unwrap() >= 2 * 3_000_000, "{smb}");
+    assert!(
+        smb["read_bytes"].as_u64().unwrap() >= 2 * 3_000_000,
+        "{smb}"
+    );
     assert!(smb["reads_alone"].as_u64().unwrap() >= 2, "{smb}");
-    assert!(smb["reads"].as_u64().unwrap() >= smb["reads_alone"].as_u64().unwrap(), "{smb}");
+    assert!(
+        smb["reads"].as_u64().unwrap() >= smb["reads_alone"].as_u64().unwrap(),
+        "{smb}"
+    );
 
     let (_, metrics) =
         wsx_e2e::api_request(&lab, Node::GwA, (API, TOKEN), ("GET", "/metrics"), None);

@@ -222,11 +222,21 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 64)]
     answer_kib: usize,
     /// Instead of bulk transfers, an SMB file read of this many MiB from Samba in the
-    /// server's namespace, one READ outstanding (smbprotocol); modes: wsx, direct-cubic,
-    /// direct-bbr [default: direct-bbr and wsx].
+    /// server's namespace, one READ outstanding (smbprotocol) unless --smb-client says
+    /// otherwise; modes: wsx, direct-cubic, direct-bbr [default: direct-bbr and wsx].
     #[arg(long)]
     smb_file_mib: Option<usize>,
-    /// The size of each READ in --smb-file-mib, KiB.
+    /// Instead of bulk transfers, this many SMB files of --smb-file-kib read one after
+    /// another (CREATE, READs, CLOSE) by the one-READ client: files per second.
+    #[arg(long)]
+    smb_files: Option<usize>,
+    /// The size of each file in --smb-files, KiB.
+    #[arg(long, default_value_t = 64)]
+    smb_file_kib: usize,
+    /// The client of --smb-file-mib.
+    #[arg(long, value_enum, default_value = "smbprotocol")]
+    smb_client: crate::smb::Client,
+    /// The size of each READ of the one-READ client, KiB.
     #[arg(long, default_value_t = 64)]
     smb_read_kib: usize,
     /// The SMB dialect the client asks for in --smb-file-mib (hexadecimal, e.g. 0x0210 for
@@ -505,7 +515,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         return run_exchanges(args, exchanges);
     }
     if let Some(mib) = args.smb_file_mib {
-        return run_smb(args, mib);
+        return run_smb(args, args.smb_client, 1, mib << 20);
+    }
+    if let Some(files) = args.smb_files {
+        let client = crate::smb::Client::Smbprotocol;
+        return run_smb(args, client, files, args.smb_file_kib << 10);
     }
     let cases = cases(args);
     let binary = crate::build_lab_binary()?;
@@ -623,8 +637,14 @@ fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
     crate::exchange::run(&cases, &binary, args.json.as_deref())
 }
 
-/// The SMB file-read cases: each mode with each gateway build.
-fn run_smb(args: &BenchArgs, mib: usize) -> Result<()> {
+/// The SMB cases (`files` files of `file_bytes` read by `client`): each mode with each
+/// gateway build.
+fn run_smb(
+    args: &BenchArgs,
+    client: crate::smb::Client,
+    files: usize,
+    file_bytes: usize,
+) -> Result<()> {
     use crate::smb::SmbCase;
     let mut modes = args.mode.clone();
     if modes.is_empty() {
@@ -637,7 +657,9 @@ fn run_smb(args: &BenchArgs, mib: usize) -> Result<()> {
                 mode,
                 wan: args.wan.clone(),
                 ipv6: args.ipv6,
-                file_bytes: mib << 20,
+                client,
+                files,
+                file_bytes,
                 read_bytes: args.smb_read_kib << 10,
                 dialect: args.smb_dialect,
                 gateways: Settings {

@@ -1,8 +1,13 @@
-//! `cargo xtask bench --smb-file-mib N`: an SMB file read across the lab, as issue 18's
-//! benchmark has it. Samba (`wsx_lab::samba`) serves a file of N MiB in the server's
-//! namespace; a client in the client's namespace (smbprotocol, from a virtual environment
-//! under `target/tools`) reads it keeping exactly one READ of `--smb-read-kib` outstanding,
-//! the way a file client that waits for each answer does, and the file's SHA-256 is checked.
+//! `cargo xtask bench --smb-file-mib N` / `--smb-files N`: SMB reads across the lab, as
+//! issue 18's benchmark has them. Samba (`wsx_lab::samba`) serves the files in the server's
+//! namespace; a client in the client's namespace reads them and their SHA-256 is checked:
+//!
+//! - `--smb-file-mib N`: one file of N MiB, read keeping exactly one READ of
+//!   `--smb-read-kib` outstanding, the way a file client that waits for each answer does
+//!   (smbprotocol, from a virtual environment under `target/tools`); with `--smb-client
+//!   smbclient`, Samba's own client instead (`get`: several READs outstanding).
+//! - `--smb-files N`: N files of `--smb-file-kib` each, one after another (CREATE, READs,
+//!   CLOSE), by the one-READ client: files per second.
 //!
 //! Modes: direct-cubic and direct-bbr (plain TCP, the namespaces' congestion control set
 //! to it, if the host allows it there) and wsx (both gateways intercepting; Samba and the
@@ -22,12 +27,25 @@ use wsx_lab::{Lab, Node, WanSpec, addr};
 /// The smbprotocol release the client was written against.
 const SMBPROTOCOL: &str = "smbprotocol==1.17.0";
 
+/// The client that reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Client {
+    /// smbprotocol's low-level API: one READ outstanding.
+    Smbprotocol,
+    /// Samba's smbclient (`get`): several READs outstanding.
+    Smbclient,
+}
+
 /// One case.
 #[derive(Clone, Debug)]
 pub(crate) struct SmbCase {
     pub(crate) mode: Mode,
     pub(crate) wan: WanSpec,
     pub(crate) ipv6: bool,
+    pub(crate) client: Client,
+    /// Files read one after another, each of `file_bytes`.
+    pub(crate) files: usize,
     pub(crate) file_bytes: usize,
     pub(crate) read_bytes: usize,
     /// The dialect the client asks for, e.g. 0x0210.
@@ -49,15 +67,19 @@ pub(crate) struct SmbRecord {
     pub(crate) loss_pct: f64,
     pub(crate) rate_mbit: f64,
     pub(crate) dialect: String,
+    pub(crate) client: Client,
+    pub(crate) files: usize,
     pub(crate) file_bytes: usize,
+    /// The one-READ client's READ size (smbclient chooses its own).
     pub(crate) read_bytes: usize,
     /// Connect, negotiate, session, tree and CREATE, seconds.
     pub(crate) setup_s: f64,
-    /// The READs, one after another, seconds.
+    /// The files' CREATEs, READs and CLOSEs, one after another, seconds.
     pub(crate) read_s: f64,
     pub(crate) reads: usize,
     pub(crate) mbit_s: f64,
-    /// The mean and the slowest READ, in round trips.
+    pub(crate) files_per_s: f64,
+    /// The mean and the slowest READ (the wait for its answer), in round trips.
     pub(crate) read_rtt: f64,
     pub(crate) slowest_read_rtt: f64,
     /// The client asked for signing (smbprotocol's view of the session).
@@ -101,7 +123,10 @@ struct ClientReport {
     sha256: String,
     setup_s: f64,
     read_s: f64,
+    files: usize,
     reads: usize,
+    /// Of `read_s`, the time spent waiting for READs.
+    reads_s: f64,
     slowest_read_s: f64,
     signing: bool,
 }
@@ -126,34 +151,28 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
         )?),
         Mode::DirectCubic | Mode::DirectBbr => None,
         other => bail!(
-            "--smb-file-mib runs in wsx, direct-cubic and direct-bbr, not {}",
+            "the SMB cases run in wsx, direct-cubic and direct-bbr, not {}",
             other.label()
         ),
     };
     let server = addr::server(case.ipv6);
     let samba = Samba::start(&lab, Node::Server, &[server], &work.join("samba"))?;
+    // The files, and the SHA-256 of all of them in order.
+    let names: Vec<String> = (0..case.files).map(|i| format!("f{i:05}.bin")).collect();
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut payload = Payload::new(PayloadKind::Random, 18, 0);
     let mut file = vec![0; case.file_bytes];
-    Payload::new(PayloadKind::Random, 18, 0).fill(&mut file);
-    std::fs::write(samba.share_dir().join("file.bin"), &file)?;
-    let want = hex(ring::digest::digest(&ring::digest::SHA256, &file).as_ref());
+    for name in &names {
+        payload.fill(&mut file);
+        std::fs::write(samba.share_dir().join(name), &file)?;
+        digest.update(&file);
+    }
     drop(file);
-
-    let script = work.join("smb_read.py");
-    std::fs::write(&script, include_str!("smb_read.py"))?;
-    let out = lab
-        .command(Node::Client, python)
-        .arg(&script)
-        .args([
-            &server.to_string(),
-            "pub",
-            "file.bin",
-            &case.read_bytes.to_string(),
-            &format!("{:#06x}", case.dialect),
-            "root",
-            Samba::PASSWORD,
-        ])
-        .output()
-        .context("running the SMB client")?;
+    let want = hex(digest.finish().as_ref());
+    let report = match case.client {
+        Client::Smbprotocol => smbprotocol(case, &lab, python, &work, server, &names),
+        Client::Smbclient => smbclient(case, &lab, &samba, &work, server, &names),
+    };
     let usage = match gateways {
         Some(g) => {
             let smb = g.status(&lab, Node::GwA)?["smb"].clone();
@@ -164,18 +183,7 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
     drop(samba);
     drop(lab);
     let _ = std::fs::remove_dir_all(&work);
-    if !out.status.success() {
-        bail!(
-            "the SMB client failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let report: ClientReport = serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "the client's report: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })?;
+    let report = report?;
     let rtt_s = case.wan.rtt_ms / 1e3;
     let reads = report.reads.max(1) as f64;
     Ok(SmbRecord {
@@ -187,19 +195,135 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
         loss_pct: case.wan.loss_pct,
         rate_mbit: case.wan.rate_mbit,
         dialect: format!("{:#06x}", case.dialect),
+        client: case.client,
+        files: report.files,
         file_bytes: case.file_bytes,
         read_bytes: case.read_bytes,
         setup_s: report.setup_s,
         read_s: report.read_s,
         reads: report.reads,
         mbit_s: report.bytes as f64 * 8.0 / report.read_s / 1e6,
-        read_rtt: report.read_s / reads / rtt_s,
+        files_per_s: report.files as f64 / report.read_s,
+        read_rtt: report.reads_s / reads / rtt_s,
         slowest_read_rtt: report.slowest_read_s / rtt_s,
         signing: report.signing,
         gateway_verdict: usage.as_ref().map(|(_, v)| v.clone()),
         cpu_s_gw_a: usage.as_ref().map(|([(a, _), _], _)| a.user_s + a.sys_s),
         cpu_s_gw_b: usage.as_ref().map(|([_, (b, _)], _)| b.user_s + b.sys_s),
-        verified: report.bytes == case.file_bytes && report.sha256 == want,
+        verified: report.bytes == case.files * case.file_bytes && report.sha256 == want,
+    })
+}
+
+/// Reads `names` with the one-READ client (smbprotocol).
+fn smbprotocol(
+    case: &SmbCase,
+    lab: &Lab,
+    python: &Path,
+    work: &Path,
+    server: std::net::IpAddr,
+    names: &[String],
+) -> Result<ClientReport> {
+    let script = work.join("smb_read.py");
+    std::fs::write(&script, include_str!("smb_read.py"))?;
+    let out = lab
+        .command(Node::Client, python)
+        .arg(&script)
+        .args([
+            &server.to_string(),
+            "pub",
+            &case.read_bytes.to_string(),
+            &format!("{:#06x}", case.dialect),
+            "root",
+            Samba::PASSWORD,
+        ])
+        .args(names)
+        .output()
+        .context("running the SMB client")?;
+    if !out.status.success() {
+        bail!(
+            "the SMB client failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "the client's report: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Reads the one file in `names` with smbclient's `get` (a guest session, never signed),
+/// timed as smbclient reports the transfer itself.
+fn smbclient(
+    case: &SmbCase,
+    lab: &Lab,
+    samba: &Samba,
+    work: &Path,
+    server: std::net::IpAddr,
+    names: &[String],
+) -> Result<ClientReport> {
+    let [name] = names else {
+        bail!(
+            "smbclient reads one file (--smb-file-mib), not {}",
+            names.len()
+        );
+    };
+    let protocol = match case.dialect {
+        0x0202 => "SMB2_02",
+        0x0210 => "SMB2_10",
+        0x0300 => "SMB3_00",
+        0x0302 => "SMB3_02",
+        0x0311 => "SMB3_11",
+        other => bail!("no smbclient protocol name for dialect {other:#06x}"),
+    };
+    let config = samba.client_config(protocol)?;
+    let local = work.join("smbclient.out");
+    let command = format!("get {name} {}", local.display());
+    let started = std::time::Instant::now();
+    let out = Samba::smbclient(
+        lab,
+        Node::Client,
+        &config,
+        &[
+            "//wsx-server/pub",
+            "-I",
+            &server.to_string(),
+            "-p",
+            "445",
+            "-N",
+            "-c",
+            &command,
+        ],
+    )
+    .output()
+    .context("running smbclient")?;
+    let total_s = started.elapsed().as_secs_f64();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("smbclient failed: {}", text.trim());
+    }
+    // "getting file \\NAME of size N as PATH (R KiloBytes/sec) (average ...)"
+    let rate = text
+        .split("as ")
+        .nth(1)
+        .and_then(|t| t.split('(').nth(1))
+        .and_then(|t| t.split(' ').next())
+        .and_then(|r| r.parse::<f64>().ok())
+        .with_context(|| format!("no rate in smbclient's output: {text}"))?;
+    let data = std::fs::read(&local)?;
+    let read_s = data.len() as f64 / (rate * 1024.0);
+    Ok(ClientReport {
+        bytes: data.len(),
+        sha256: hex(ring::digest::digest(&ring::digest::SHA256, &data).as_ref()),
+        setup_s: (total_s - read_s).max(0.0),
+        read_s,
+        files: 1,
+        reads: 0,
+        reads_s: 0.0,
+        slowest_read_s: 0.0,
+        signing: false,
     })
 }
 
@@ -259,19 +383,48 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 impl SmbRecord {
+    /// What was read: one file or many, and by whom.
+    fn workload(&self) -> String {
+        let size = if self.file_bytes >= 1 << 20 {
+            format!("{} MiB", self.file_bytes >> 20)
+        } else {
+            format!("{} KiB", self.file_bytes >> 10)
+        };
+        match self.client {
+            Client::Smbclient => format!("{size}, smbclient"),
+            Client::Smbprotocol if self.files == 1 => {
+                format!("{size}, {} KiB READs", self.read_bytes >> 10)
+            }
+            Client::Smbprotocol => format!("{} × {size}", self.files),
+        }
+    }
+
+    /// Round trips per file (CREATE, READs, CLOSE), for many files.
+    fn rtt_per_file(&self) -> Option<f64> {
+        (self.files > 1).then(|| self.read_s / self.files as f64 / (self.rtt_ms / 1e3))
+    }
+
     fn summary(&self) -> String {
+        let per_read = if self.reads > 0 {
+            format!(
+                ", {:.3} RTT per READ (slowest {:.2})",
+                self.read_rtt, self.slowest_read_rtt
+            )
+        } else {
+            String::new()
+        };
+        let per_file = self.rtt_per_file().map_or(String::new(), |rtt| {
+            format!(", {:.1} files/s ({rtt:.2} RTT each)", self.files_per_s)
+        });
         format!(
-            "{}: {} ms {} % {} Mbit/s, {} MiB in {} KiB READs ({}): {:.2} Mbit/s, {:.3} RTT per READ (slowest {:.2}), setup {:.2} s{}{}",
+            "{}: {} ms {} % {} Mbit/s, {} ({}): {:.2} Mbit/s{per_file}{per_read}, setup {:.2} s{}{}",
             self.mode.label(),
             self.rtt_ms,
             self.loss_pct,
             self.rate_mbit,
-            self.file_bytes >> 20,
-            self.read_bytes >> 10,
+            self.workload(),
             self.dialect,
             self.mbit_s,
-            self.read_rtt,
-            self.slowest_read_rtt,
             self.setup_s,
             self.gateway_verdict
                 .as_ref()
@@ -283,26 +436,33 @@ impl SmbRecord {
 
 fn markdown_table(records: &[SmbRecord]) -> String {
     let mut out = String::from(
-        "| system | RTT ms | loss % | Mbit/s | dialect | file MiB | READ KiB | READs | read s | Mbit/s | RTT per READ | slowest READ RTT | gw-a CPU s | gw-b CPU s | verified |\n\
-         |---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| system | RTT ms | loss % | Mbit/s | dialect | read | read s | Mbit/s | files/s | RTT per file | RTT per READ | slowest READ RTT | gw-a CPU s | gw-b CPU s | verified |\n\
+         |---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     let cpu = |s: Option<f64>| s.map_or("–".into(), |s| format!("{s:.2}"));
+    let per_read = |r: &SmbRecord, v: f64| {
+        if r.reads > 0 {
+            format!("{v:.3}")
+        } else {
+            "–".into()
+        }
+    };
     for r in records {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.3} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {} | {} | {} | {} | {} | {} |",
             r.mode.label(),
             r.rtt_ms,
             r.loss_pct,
             r.rate_mbit,
             r.dialect,
-            r.file_bytes >> 20,
-            r.read_bytes >> 10,
-            r.reads,
+            r.workload(),
             r.read_s,
             r.mbit_s,
-            r.read_rtt,
-            r.slowest_read_rtt,
+            r.files_per_s,
+            r.rtt_per_file().map_or("–".into(), |v| format!("{v:.2}")),
+            per_read(r, r.read_rtt),
+            per_read(r, r.slowest_read_rtt),
             cpu(r.cpu_s_gw_a),
             cpu(r.cpu_s_gw_b),
             if r.verified { "yes" } else { "NO" },
