@@ -239,8 +239,8 @@ pub(crate) struct BenchArgs {
     /// The size of each READ of the one-READ client, KiB.
     #[arg(long, default_value_t = 64)]
     smb_read_kib: usize,
-    /// The SMB dialect the client asks for in --smb-file-mib (hexadecimal, e.g. 0x0210 for
-    /// 2.1, 0x0311 for 3.1.1).
+    /// The SMB dialect the client asks for in --smb-file-mib and --smb-files (hexadecimal,
+    /// e.g. 0x0210 for 2.1, 0x0311 for 3.1.1).
     #[arg(long, default_value = "0x0210", value_parser = parse_dialect)]
     smb_dialect: u16,
     /// Instead, the tunnel core alone in simulation with this many concurrent streams

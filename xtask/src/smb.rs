@@ -82,7 +82,7 @@ pub(crate) struct SmbRecord {
     /// The mean and the slowest READ (the wait for its answer), in round trips.
     pub(crate) read_rtt: f64,
     pub(crate) slowest_read_rtt: f64,
-    /// The client asked for signing (smbprotocol's view of the session).
+    /// smbprotocol's `signing_required` for the session (false for smbclient's guest).
     pub(crate) signing: bool,
     /// What each gateway's observer judged the session (wsx mode).
     pub(crate) gateway_verdict: Option<String>,

@@ -20,7 +20,7 @@
 //! | `wsx_sessions_refused_total` | `reason` | `limit`, `peer_down`, `connect_failed` |
 //! | `wsx_session_bytes_total` | `peer`, `route`, `direction` | read from clients / servers |
 //! | `wsx_smb_sessions_total` | | sessions to TCP 445 watched as SMB |
-//! | `wsx_smb_unsigned_total` | | of those, connected to a share with nothing signed or encrypted |
+//! | `wsx_smb_unsigned_total` | | of those, connected to a share with nothing signed or encrypted so far (one signed later counts here and under `passed_through`) |
 //! | `wsx_smb_reads_total`, `wsx_smb_read_bytes_total`, `wsx_smb_reads_alone_total` | | READs in the sessions watched (until a session passed through), the bytes asked, and those sent with no other READ of their session in flight |
 //! | `wsx_smb_passed_through_total` | `reason` | relayed byte for byte for good: `not_framed`, `smb1`, `dialect`, `signed`, `encrypted`, `compressed`, `malformed` |
 //! | `wsx_peer_up` | `peer` | 1 when a tunnel is established and the peer heard from |
@@ -254,7 +254,7 @@ impl Collector for GatewayCollector {
         family(
             &mut e,
             "wsx_smb_unsigned",
-            "SMB sessions that connected a share with nothing signed or encrypted",
+            "SMB sessions that connected a share with nothing signed or encrypted so far (one passed through later counts here too)",
             [counter(vec![], smb.unsigned)],
         )?;
         for (name, help, value) in [

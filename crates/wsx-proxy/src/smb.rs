@@ -26,7 +26,7 @@ pub(crate) struct SmbTotals {
     reads_alone: AtomicU64,
 }
 
-/// [`SmbTotals`] read at one moment ([`crate::Gateway::smb`]).
+/// What the gateway's SMB observers concluded, since start ([`crate::Gateway::smb`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SmbStats {

@@ -217,9 +217,11 @@ impl Observer {
             Direction::ToClient => &mut self.to_client,
         };
         let result = deframer.feed(data, |frame| judged.frame(frame));
-        self.verdict = match result {
-            Err(_) => Verdict::PassThrough(Reason::NotFramed),
-            Ok(()) => judged.verdict,
+        self.verdict = match (result, judged.verdict) {
+            // A reason found earlier in the same read stands.
+            (_, Verdict::PassThrough(reason)) => Verdict::PassThrough(reason),
+            (Err(_), _) => Verdict::PassThrough(Reason::NotFramed),
+            (Ok(()), verdict) => verdict,
         };
         (self.verdict != before).then_some(self.verdict)
     }
@@ -237,10 +239,11 @@ struct Judged<'a> {
 }
 
 impl Judged<'_> {
-    /// Counts a READ request.
-    fn read_asked(&mut self, read: &ReadRequest) {
+    /// Counts a READ request; `read` is its body, unless it was cut where the bytes held
+    /// end (it is counted all the same, since its answer will be: only its bytes are not).
+    fn read_asked(&mut self, read: Option<&ReadRequest>) {
         self.reads.reads += 1;
-        self.reads.bytes += u64::from(read.length);
+        self.reads.bytes += read.map_or(0, |r| u64::from(r.length));
         if *self.reads_in_flight == 0 {
             self.reads.alone += 1;
         }
@@ -288,6 +291,8 @@ impl Judged<'_> {
         }
         match messages.error() {
             Some(_) => Err(Reason::Malformed),
+            // A whole frame whose chain points past its end.
+            None if whole && messages.continues_beyond() => Err(Reason::Malformed),
             None => Ok(()),
         }
     }
@@ -306,10 +311,11 @@ impl Judged<'_> {
             if header.is_response() {
                 self.read_answered(header);
             } else {
-                let Ok(read) = ReadRequest::parse(body) else {
-                    return unreadable();
-                };
-                self.read_asked(&read);
+                match ReadRequest::parse(body) {
+                    Ok(read) => self.read_asked(Some(&read)),
+                    Err(_) if cut => self.read_asked(None),
+                    Err(_) => return Err(Reason::Malformed),
+                }
             }
         }
         // Only successful responses say anything more; an async interim response
@@ -724,7 +730,15 @@ mod tests {
         frame.extend(&message);
         let mut o = established(Dialect::SMB_2_1);
         assert_eq!(o.feed(Direction::ToServer, &frame), None);
-        assert_eq!(o.reads().reads, 0, "a READ cut short is not counted");
+        assert_eq!(
+            o.reads(),
+            ReadStats {
+                reads: 1,
+                bytes: 0,
+                alone: 1
+            },
+            "a READ cut short is counted, its bytes unknown"
+        );
         // The same READ, whole but short, is malformed.
         let mut o = established(Dialect::SMB_2_1);
         let short = [
@@ -736,6 +750,29 @@ mod tests {
         assert_eq!(
             o.feed(Direction::ToServer, &short),
             Some(Verdict::PassThrough(Reason::Malformed))
+        );
+    }
+
+    #[test]
+    fn a_whole_frame_whose_chain_points_past_its_end_is_malformed() {
+        let mut frame = request(Command::CREATE, 0);
+        // NextCommand (at 20 in the header, after the 4-byte framing) past the frame's end.
+        frame[4 + 20..4 + 24].copy_from_slice(&128u32.to_le_bytes());
+        let mut o = established(Dialect::SMB_2_1);
+        assert_eq!(
+            o.feed(Direction::ToServer, &frame),
+            Some(Verdict::PassThrough(Reason::Malformed))
+        );
+    }
+
+    #[test]
+    fn the_first_reason_found_in_a_read_stands() {
+        let mut o = established(Dialect::SMB_2_1);
+        let mut bytes = request(Command::READ, flags::SIGNED);
+        bytes.extend([0x81, 0, 0, 0]);
+        assert_eq!(
+            o.feed(Direction::ToServer, &bytes),
+            Some(Verdict::PassThrough(Reason::Signed))
         );
     }
 

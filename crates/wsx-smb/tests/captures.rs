@@ -22,8 +22,9 @@ fn capture(name: &str) -> (Vec<u8>, Vec<u8>) {
     (read("to_server"), read("to_client"))
 }
 
-/// The verdict after both directions were fed, in reads of `step` bytes, the requests of
-/// each exchange before its responses (the order the relay sees them in).
+/// The verdict after both directions were fed, in reads of `step` bytes, alternating
+/// (requests first): for these sessions and small reads, each request comes before its
+/// answer, the order the relay sees them in.
 fn verdict(name: &str, step: usize) -> (Verdict, Option<Dialect>) {
     let (to_server, to_client) = capture(name);
     let mut o = Observer::new();

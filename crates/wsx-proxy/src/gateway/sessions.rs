@@ -101,7 +101,7 @@ impl Inner {
             route,
             stream,
             flow,
-            watch,
+            smb,
         } = match carrier {
             Ok(carrier) => {
                 if carrier.stream.is_some() {
@@ -136,6 +136,7 @@ impl Inner {
                         return;
                     }
                     hold_to(&tcp, flow.as_ref());
+                    let watch = self.smb_watch(smb, destination.port());
                     self.relay(&session, tcp, stream, watch).await
                 }
                 // Direct, and for an intercepted client still from its address (not its
@@ -234,7 +235,7 @@ impl Inner {
                         peer: Some(peer),
                         route: Route::Tunnel,
                         stream: Some(Chunked::new(stream, codec)),
-                        watch: self.smb_watch(smb, destination.port()),
+                        smb,
                     }),
                     Err(e) => {
                         debug!(error = %e, %peer, "no stream; bypassing");
@@ -502,8 +503,8 @@ struct Carrier {
     stream: Option<Chunked<Stream>>,
     /// The stream's flow in the shaper (the direct path opens its own once connected).
     flow: Option<FlowGuard>,
-    /// The SMB observer of a session to port 445 through the tunnel of a peer with `smb` on.
-    watch: Option<Watch>,
+    /// The peer watches sessions to port 445 as SMB (`smb`; tunnel only).
+    smb: bool,
 }
 
 impl Carrier {
@@ -514,7 +515,7 @@ impl Carrier {
             route: Route::Bypass,
             stream: None,
             flow: None,
-            watch: None,
+            smb: false,
         }
     }
 }

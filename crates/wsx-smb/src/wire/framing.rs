@@ -1,4 +1,4 @@
-//! Direct TCP transport framing (MS-SMB2 2.1, [MS-SMB2 1dfacde4]): every SMB2 message, or
+//! Direct TCP transport framing (MS-SMB2 2.1): every SMB2 message, or
 //! chain of compounded messages, travels in a frame of one zero byte and a 24-bit big-endian
 //! length. Frames span TCP segments and segments hold several frames, so a reader of the byte
 //! stream must reassemble them.
@@ -71,7 +71,7 @@ impl Deframer {
 
     /// Reads `data`, the next bytes of the stream, calling `on_frame` with the start of every
     /// frame whose prefix is complete. After an error the stream is abandoned: every later
-    /// call returns the error again without reading.
+    /// call with bytes returns the error again without reading them.
     pub fn feed(
         &mut self,
         mut data: &[u8],

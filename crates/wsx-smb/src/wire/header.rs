@@ -1,4 +1,4 @@
-//! The SMB2 message header (MS-SMB2 2.2.1, [fb188936] sync and [ea4560b7] async): 64 bytes,
+//! The SMB2 message header (MS-SMB2 2.2.1: 2.2.1.1 async, 2.2.1.2 sync): 64 bytes,
 //! little-endian, at the start of every message and of every message compounded after the
 //! first ([`Header::next_command`] is the offset of the next one from this one).
 //!
@@ -213,12 +213,13 @@ impl Header {
 /// Iteration stops at the first header that does not parse, or whose `NextCommand` does not
 /// move forward by at least a header inside the bytes held (a hostile offset can neither loop
 /// nor reach outside); [`Messages::error`] then says why, unless the chain simply continues
-/// beyond the bytes held.
+/// beyond the bytes held ([`Messages::continues_beyond`]).
 #[derive(Debug, Clone)]
 pub struct Messages<'a> {
     frame: &'a [u8],
     at: Option<usize>,
     error: Option<HeaderError>,
+    beyond: bool,
 }
 
 impl<'a> Messages<'a> {
@@ -228,12 +229,19 @@ impl<'a> Messages<'a> {
             frame,
             at: Some(0),
             error: None,
+            beyond: false,
         }
     }
 
     /// Why iteration stopped early, if it did for a malformed header.
     pub fn error(&self) -> Option<HeaderError> {
         self.error
+    }
+
+    /// Whether the chain went on past the bytes held: a frame's next message, or the rest of
+    /// the last one, lies beyond them. For a whole frame that is malformed.
+    pub fn continues_beyond(&self) -> bool {
+        self.beyond
     }
 }
 
@@ -245,6 +253,7 @@ impl<'a> Iterator for Messages<'a> {
         let rest = &self.frame[at..];
         if at > 0 && rest.len() < HEADER_LEN {
             // The chain continues past the bytes held.
+            self.beyond = true;
             return None;
         }
         let header = match Header::parse(rest) {
@@ -260,6 +269,8 @@ impl<'a> Iterator for Messages<'a> {
         } else if next >= HEADER_LEN && next % 8 == 0 {
             if next < rest.len() {
                 self.at = Some(at + next);
+            } else {
+                self.beyond = true;
             }
             &rest[..next.min(rest.len())]
         } else {
