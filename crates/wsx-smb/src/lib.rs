@@ -22,6 +22,7 @@
 //! is not written yet: today every SMB connection is relayed byte for byte, with TCP-level
 //! acceleration, and the observer's verdicts are counted.
 
+pub mod engine;
 pub mod observe;
 pub mod wire;
 

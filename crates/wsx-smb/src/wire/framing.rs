@@ -17,6 +17,9 @@ pub const MAX_FRAME_LEN: usize = (1 << 24) - 1;
 /// One frame's start, as [`Deframer::feed`] hands it out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameStart<'a> {
+    /// The frame's first byte: always 0 for SMB; a record's type on the engines' stream
+    /// ([`Deframer::typed`]).
+    pub kind: u8,
     /// The frame's length, without the framing header.
     pub len: usize,
     /// The frame's first `min(len, keep)` bytes.
@@ -32,6 +35,10 @@ pub struct NotFramed(pub u8);
 #[derive(Debug, Clone)]
 pub struct Deframer {
     keep: usize,
+    /// Frames may start with any byte (the engines' records), not only zero.
+    typed: bool,
+    /// The first byte of the frame being read.
+    kind: u8,
     state: State,
     /// The framing header or the prefix, while it straddles reads.
     partial: Vec<u8>,
@@ -54,8 +61,19 @@ impl Deframer {
     pub fn new(keep: usize) -> Self {
         Self {
             keep,
+            typed: false,
+            kind: 0,
             state: State::Header,
             partial: Vec::new(),
+        }
+    }
+
+    /// A deframer for a stream of typed records of the same shape (the engines' stream,
+    /// `engine::link`): any first byte is a record's type.
+    pub fn typed(keep: usize) -> Self {
+        Self {
+            typed: true,
+            ..Self::new(keep)
         }
     }
 
@@ -88,6 +106,7 @@ impl Deframer {
                         if data.len() >= want {
                             // The common case: the whole prefix is in this read.
                             on_frame(FrameStart {
+                                kind: self.kind,
                                 len,
                                 prefix: &data[..want],
                             });
@@ -144,6 +163,7 @@ impl Deframer {
             && self.partial.len() == len.min(self.keep)
         {
             on_frame(FrameStart {
+                kind: self.kind,
                 len,
                 prefix: &self.partial,
             });
@@ -156,11 +176,12 @@ impl Deframer {
 
     /// Reads a framing header: the frame's length, or the error that abandons the stream.
     fn header(&mut self, header: &[u8]) -> Result<usize, NotFramed> {
-        if header[0] != 0 {
+        if header[0] != 0 && !self.typed {
             self.state = State::Failed(header[0]);
             self.partial.clear();
             return Err(NotFramed(header[0]));
         }
+        self.kind = header[0];
         Ok(usize::from(header[1]) << 16 | usize::from(header[2]) << 8 | usize::from(header[3]))
     }
 }

@@ -1,0 +1,498 @@
+//! Far: the server's gateway. It relays the client's frames to the server and the server's
+//! to near, and for an unsigned session reads ahead of a client reading a file: it issues
+//! the READs the client will send next with the MessageIds the client will use (the last
+//! READ's id plus its credit charge, and so on), inside the server's credit window, and
+//! ships each answer to near after announcing it.
+//!
+//! - **Ids.** While predictions hold, the server sees exactly the client's ids. A client
+//!   request whose id a prediction already used (the client sent something else) gets a
+//!   fresh id above every id seen, and its answers get the client's id back; the file's
+//!   read-ahead stops. `foreign` holds the server ids the client has not used itself.
+//! - **Credits.** `window_end` is one past the last id the server has granted (1 + every
+//!   CreditResponse). A prediction or a fresh id must fit below it; a client frame that
+//!   needs a fresh id that does not fit waits for the server's next grant.
+//! - **What is read ahead.** A file opened with a share mode that excludes writers or with
+//!   a Level II, exclusive or batch oplock (its end of file from the CREATE answer), one
+//!   file at a time, up to `window` bytes beyond what the client has consumed, never past
+//!   its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
+//!   the server, or a READ that is not the predicted one stops it.
+//! - **Answers.** An interim answer (STATUS_PENDING) to a prediction is kept back and its
+//!   credits added to the final one, which is made synchronous (the client never saw the
+//!   interim): what near hands the client is what the server would have sent it.
+
+use super::{EngineStats, ReadKey, Record, charge_of};
+use crate::observe::{Direction, Observer, Verdict};
+use crate::wire::framing::frame_header;
+use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
+use crate::wire::messages::{FileId, ReadRequest};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+/// `ShareAccess` bit: other opens may write.
+const FILE_SHARE_WRITE: u32 = 0x2;
+/// Oplock levels that let a client cache reads: Level II, exclusive, batch.
+const READ_CACHING_OPLOCKS: [u8; 3] = [0x01, 0x08, 0x09];
+/// Predictions outstanding at most per session, whatever the window.
+const MAX_PREDICTIONS: usize = 1024;
+
+/// What a request sent to the server was.
+#[derive(Debug)]
+enum Pending {
+    /// The client's, with the id the client gave it.
+    Client { client_id: u64, command: Command },
+    /// A prediction; credits of its interim answers so far.
+    Prediction { interim_credits: u16 },
+}
+
+/// A file the client opened.
+#[derive(Debug)]
+struct File {
+    end_of_file: u64,
+    /// Read ahead may serve it (share mode or oplock).
+    eligible: bool,
+    /// Read-ahead stopped for good.
+    stopped: bool,
+    /// The READ predictions copy, once the client has read: header and body.
+    template: Option<(Header, ReadRequest)>,
+    /// The next prediction's offset and id; what the client has read up to.
+    next_offset: u64,
+    next_id: u64,
+    consumed_to: u64,
+}
+
+/// The server's half of the engine; see the module documentation.
+#[derive(Debug)]
+pub struct Far {
+    observer: Observer,
+    window: u64,
+    window_end: u64,
+    pending: HashMap<u64, Pending>,
+    foreign: BTreeSet<u64>,
+    predictions: HashMap<u64, (FileId, ReadKey)>,
+    next_fresh: u64,
+    /// CREATE requests sent, by server id: share access and requested oplock.
+    creates: HashMap<u64, u32>,
+    files: HashMap<FileId, File>,
+    active: Option<FileId>,
+    blocked: VecDeque<Vec<u8>>,
+    to_server: VecDeque<Vec<u8>>,
+    to_near: VecDeque<Record>,
+    stats: EngineStats,
+}
+
+impl Far {
+    /// Far for one session, reading ahead up to `window` bytes beyond the client.
+    pub fn new(window: u64) -> Self {
+        Self {
+            observer: Observer::new(),
+            window,
+            window_end: 1,
+            pending: HashMap::new(),
+            foreign: BTreeSet::new(),
+            predictions: HashMap::new(),
+            next_fresh: 0,
+            creates: HashMap::new(),
+            files: HashMap::new(),
+            active: None,
+            blocked: VecDeque::new(),
+            to_server: VecDeque::new(),
+            to_near: VecDeque::new(),
+            stats: EngineStats::default(),
+        }
+    }
+
+    /// A record from near.
+    pub fn from_near(&mut self, record: Record) {
+        match record {
+            Record::Smb(frame) => {
+                if self.blocked.is_empty() {
+                    self.client_frame(frame);
+                } else {
+                    self.blocked.push_back(frame);
+                }
+            }
+            Record::Consumed { message_id } => {
+                if let Some((file_id, key)) = self.predictions.remove(&message_id) {
+                    for id in message_id..message_id + charge_of(key.credit_charge) {
+                        self.foreign.remove(&id);
+                    }
+                    if let Some(file) = self.files.get_mut(&file_id) {
+                        file.consumed_to = file.consumed_to.max(key.offset + u64::from(key.length));
+                    }
+                }
+            }
+            // Only near is told these.
+            Record::Announce { .. } | Record::Prefetched { .. } => {}
+        }
+        self.read_ahead();
+    }
+
+    /// A frame's payload from the server.
+    pub fn from_server(&mut self, mut frame: Vec<u8>) {
+        feed(&mut self.observer, Direction::ToClient, &frame);
+        let mut forward = false;
+        let mut at = 0;
+        let chain: Vec<(Header, usize, usize)> = {
+            let mut v = Vec::new();
+            for (header, message) in Messages::new(&frame) {
+                v.push((header, at, message.len()));
+                at += message.len();
+            }
+            v
+        };
+        for (header, at, len) in chain {
+            if !header.is_response() {
+                continue;
+            }
+            let interim = header.status == status::PENDING && header.is_async();
+            self.window_end += u64::from(header.credits);
+            match self.pending.get_mut(&header.message_id) {
+                Some(Pending::Prediction { interim_credits }) => {
+                    if interim {
+                        *interim_credits = interim_credits.saturating_add(header.credits);
+                    } else {
+                        let extra = *interim_credits;
+                        self.pending.remove(&header.message_id);
+                        self.prediction_answered(&header, &frame[at..at + len], extra);
+                    }
+                }
+                Some(Pending::Client { client_id, command }) => {
+                    let (client_id, command) = (*client_id, *command);
+                    if !interim {
+                        self.pending.remove(&header.message_id);
+                    }
+                    if client_id != header.message_id {
+                        frame[at + 24..at + 32].copy_from_slice(&client_id.to_le_bytes());
+                    }
+                    if command == Command::CREATE && header.status == status::SUCCESS {
+                        self.created(header.message_id, &frame[at + HEADER_LEN..at + len]);
+                    }
+                    forward = true;
+                }
+                None => {
+                    if header.command == Command::OPLOCK_BREAK {
+                        self.stop_all();
+                    }
+                    forward = true;
+                }
+            }
+        }
+        if forward {
+            self.to_near.push_back(Record::Smb(frame));
+        }
+        while let Some(frame) = self.blocked.pop_front() {
+            if let Err(frame) = self.try_client_frame(frame) {
+                self.blocked.push_front(frame);
+                break;
+            }
+        }
+        self.read_ahead();
+    }
+
+    fn client_frame(&mut self, frame: Vec<u8>) {
+        if let Err(frame) = self.try_client_frame(frame) {
+            self.blocked.push_back(frame);
+        }
+    }
+
+    /// Sends a client frame on, its ids made the server's; gives it back if it needs fresh
+    /// ids the server has not granted yet.
+    fn try_client_frame(&mut self, mut frame: Vec<u8>) -> Result<(), Vec<u8>> {
+        let chain: Vec<(Header, usize, usize)> = {
+            let mut v = Vec::new();
+            let mut at = 0;
+            for (header, message) in Messages::new(&frame) {
+                v.push((header, at, message.len()));
+                at += message.len();
+            }
+            v
+        };
+        let fresh_needed: u64 = chain
+            .iter()
+            .filter(|(h, _, _)| self.collides(h.message_id, charge_of(h.credit_charge)))
+            .map(|(h, _, _)| charge_of(h.credit_charge))
+            .sum();
+        if fresh_needed > 0
+            && self.next_fresh.max(self.highest_seen()) + fresh_needed > self.window_end
+        {
+            return Err(frame);
+        }
+        feed(&mut self.observer, Direction::ToServer, &frame);
+        for (header, at, len) in chain {
+            if header.is_response() {
+                continue;
+            }
+            let client_id = header.message_id;
+            let charge = charge_of(header.credit_charge);
+            let server_id = if self.collides(client_id, charge) {
+                self.missed(client_id, charge);
+                let fresh = self.next_fresh.max(self.highest_seen());
+                self.next_fresh = fresh + charge;
+                self.foreign.extend(fresh..fresh + charge);
+                frame[at + 24..at + 32].copy_from_slice(&fresh.to_le_bytes());
+                self.stats.remapped += 1;
+                fresh
+            } else {
+                self.next_fresh = self.next_fresh.max(client_id + charge);
+                client_id
+            };
+            self.pending.insert(
+                server_id,
+                Pending::Client {
+                    client_id,
+                    command: header.command,
+                },
+            );
+            let body = &frame[at + HEADER_LEN..at + len];
+            self.client_request(&header, server_id, body);
+        }
+        self.to_server.push_back(frame);
+        Ok(())
+    }
+
+    /// What a client request means for read-ahead.
+    fn client_request(&mut self, header: &Header, server_id: u64, body: &[u8]) {
+        match header.command {
+            Command::CREATE => {
+                // ShareAccess (4 bytes at 32), RequestedOplockLevel (at 3).
+                if let (Some(share), Some(_)) = (body.get(32..36), body.get(3)) {
+                    let share = u32::from_le_bytes([share[0], share[1], share[2], share[3]]);
+                    self.creates.insert(server_id, share);
+                }
+            }
+            Command::READ => {
+                if let Ok(read) = ReadRequest::parse(body) {
+                    self.client_read(header, &read);
+                }
+            }
+            Command::WRITE
+            | Command::SET_INFO
+            | Command::FLUSH
+            | Command::LOCK
+            | Command::CLOSE => self.stop_all(),
+            _ => {
+                // Any other request takes an id the next READ would have had.
+                if let Some(file) = self.active.and_then(|f| self.files.get_mut(&f))
+                    && header.message_id >= file.next_id
+                {
+                    file.next_id = header.message_id + charge_of(header.credit_charge);
+                }
+            }
+        }
+    }
+
+    /// A client READ reached far (near had no prediction for it).
+    fn client_read(&mut self, header: &Header, read: &ReadRequest) {
+        let unsigned = self.observer.verdict() == Verdict::Unsigned;
+        let charge = charge_of(header.credit_charge);
+        let Some(file) = self.files.get_mut(&read.file_id) else {
+            return;
+        };
+        let next = read.offset + u64::from(read.length);
+        match &file.template {
+            None if unsigned && file.eligible && !file.stopped && self.active.is_none() => {
+                file.template = Some((*header, *read));
+                file.next_offset = next;
+                file.next_id = header.message_id + charge;
+                file.consumed_to = next;
+                self.active = Some(read.file_id);
+            }
+            Some((_, template))
+                if !file.stopped
+                    && header.message_id == file.next_id
+                    && read.offset == file.next_offset
+                    && read.length == template.length =>
+            {
+                // The client asked for the next block itself (the window had not reached
+                // it): the prediction goes on from there.
+                file.next_offset = next;
+                file.next_id = header.message_id + charge;
+                file.consumed_to = next;
+            }
+            Some(_) => file.stopped = true,
+            None => {}
+        }
+    }
+
+    /// A CREATE answered: the file, its end and whether it may be read ahead.
+    fn created(&mut self, server_id: u64, body: &[u8]) {
+        let Some(share) = self.creates.remove(&server_id) else {
+            return;
+        };
+        // OplockLevel (at 2), EndofFile (8 at 48), FileId (16 at 64).
+        let (Some(&oplock), Some(eof), Some(id)) =
+            (body.get(2), body.get(48..56), body.get(64..80))
+        else {
+            return;
+        };
+        let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+        let file_id = FileId {
+            persistent: u64_at(&id[..8]),
+            volatile: u64_at(&id[8..]),
+        };
+        self.files.insert(
+            file_id,
+            File {
+                end_of_file: u64_at(eof),
+                eligible: share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock),
+                stopped: false,
+                template: None,
+                next_offset: 0,
+                next_id: 0,
+                consumed_to: 0,
+            },
+        );
+    }
+
+    /// The final answer to a prediction: made synchronous, the interim's credits added, and
+    /// sent to near unless the client has gone another way meanwhile.
+    fn prediction_answered(&mut self, header: &Header, message: &[u8], interim_credits: u16) {
+        let Some((file_id, key)) = self.predictions.get(&header.message_id).copied() else {
+            // Missed: its id went to another request. Nothing to give.
+            return;
+        };
+        let mut answer = message.to_vec();
+        let sync = Header {
+            flags: header.flags & !flags::ASYNC_COMMAND,
+            credits: header.credits.saturating_add(interim_credits),
+            next_command: 0,
+            tree_or_async: TreeOrAsync::Tree {
+                reserved: 0,
+                tree_id: key.tree_id,
+            },
+            ..*header
+        };
+        if sync.emit(&mut answer).is_none() {
+            return;
+        }
+        if header.status != status::SUCCESS
+            && let Some(file) = self.files.get_mut(&file_id)
+        {
+            // The end of the file, or an error: nothing further to read ahead.
+            file.stopped = true;
+        }
+        self.to_near.push_back(Record::Prefetched {
+            message_id: header.message_id,
+            answer,
+        });
+    }
+
+    /// Issues the predictions the window, the credits and the file allow.
+    fn read_ahead(&mut self) {
+        let Some(file_id) = self.active else { return };
+        if self.observer.verdict() != Verdict::Unsigned {
+            return;
+        }
+        loop {
+            let Some(file) = self.files.get(&file_id) else {
+                return;
+            };
+            let Some((header, read)) = file.template else {
+                return;
+            };
+            let charge = charge_of(header.credit_charge);
+            let id = file.next_id;
+            if file.stopped
+                || file.next_offset >= file.end_of_file
+                || file.next_offset.saturating_sub(file.consumed_to) >= self.window
+                || id + charge > self.window_end
+                || self.collides(id, charge)
+                || self.predictions.len() >= MAX_PREDICTIONS
+            {
+                return;
+            }
+            let request = Header {
+                status: 0,
+                flags: 0,
+                next_command: 0,
+                message_id: id,
+                signature: [0; 16],
+                ..header
+            };
+            let read = ReadRequest {
+                offset: file.next_offset,
+                ..read
+            };
+            let mut message = vec![0; HEADER_LEN + ReadRequest::LEN];
+            if request.emit(&mut message).is_none()
+                || read.emit(&mut message[HEADER_LEN..]).is_none()
+            {
+                return;
+            }
+            let key = ReadKey::of(&request, &read);
+            self.to_near.push_back(Record::Announce {
+                message_id: id,
+                key,
+            });
+            self.to_server.push_back(message);
+            self.predictions.insert(id, (file_id, key));
+            self.foreign.extend(id..id + charge);
+            self.pending
+                .insert(id, Pending::Prediction { interim_credits: 0 });
+            self.next_fresh = self.next_fresh.max(id + charge);
+            self.stats.prefetched += 1;
+            self.stats.prefetched_bytes += u64::from(read.length);
+            if let Some(file) = self.files.get_mut(&file_id) {
+                file.next_offset += u64::from(read.length);
+                file.next_id = id + charge;
+            }
+        }
+    }
+
+    /// Whether ids `id..id + charge` include one the client has not used itself.
+    fn collides(&self, id: u64, charge: u64) -> bool {
+        self.foreign
+            .range(id..id.saturating_add(charge))
+            .next()
+            .is_some()
+    }
+
+    /// The client used ids a prediction had: the prediction is lost and its file's
+    /// read-ahead stops.
+    fn missed(&mut self, id: u64, charge: u64) {
+        for id in id..id + charge {
+            if let Some((file_id, _)) = self.predictions.remove(&id) {
+                self.stats.missed += 1;
+                if let Some(file) = self.files.get_mut(&file_id) {
+                    file.stopped = true;
+                }
+            }
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for file in self.files.values_mut() {
+            file.stopped = true;
+        }
+        self.active = None;
+    }
+
+    /// One past the highest id used at the server.
+    fn highest_seen(&self) -> u64 {
+        self.foreign
+            .last()
+            .map_or(0, |&id| id + 1)
+            .max(self.next_fresh)
+    }
+
+    /// The next frame payload for the server.
+    pub fn poll_to_server(&mut self) -> Option<Vec<u8>> {
+        self.to_server.pop_front()
+    }
+
+    /// The next record for near.
+    pub fn poll_to_near(&mut self) -> Option<Record> {
+        self.to_near.pop_front()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+}
+
+/// Feeds one frame's payload, framed again, to the observer.
+fn feed(observer: &mut Observer, direction: Direction, payload: &[u8]) {
+    if let Some(header) = frame_header(payload.len()) {
+        observer.feed(direction, &header);
+        observer.feed(direction, payload);
+    }
+}

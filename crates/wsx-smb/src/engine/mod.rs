@@ -1,0 +1,87 @@
+//! The read-ahead engine: the two halves that act on an unsigned SMB session, far (the
+//! server's gateway, [`Far`]) and near (the client's, [`Near`]), and what they say to each
+//! other on the session's stream ([`link`]). ARCHITECTURE.md states the design: exact-id
+//! prediction.
+//!
+//! ```text
+//!  client ─READ m─> Near ──SMB──────────> Far ─READ m─────────> server
+//!                                           ├─ANNOUNCE m+c──┐   (Far issues READ m+c itself)
+//!                        <──SMB answer m──  │               └─> Near
+//!                        <──PREFETCHED m+c─ ┘ <─answer m+c───── server
+//!  client ─READ m+c─> Near: matches ANNOUNCE m+c ─> the answer, at once; CONSUMED m+c ─> Far
+//! ```
+//!
+//! Both are pure state machines over whole frames: the gateway gives each the frames it
+//! reads ([`Near::from_client`], [`Near::from_far`], [`Far::from_near`],
+//! [`Far::from_server`]) and writes what they hand out (`poll_*`).
+
+pub mod far;
+pub mod link;
+pub mod near;
+
+pub use far::Far;
+pub use link::{Record, RecordError};
+pub use near::Near;
+
+use crate::wire::header::Header;
+use crate::wire::messages::{FileId, ReadRequest};
+
+/// What makes a READ the one predicted: the answer the server gives depends on nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReadKey {
+    pub session_id: u64,
+    pub tree_id: u32,
+    pub file_id: FileId,
+    pub offset: u64,
+    pub length: u32,
+    pub minimum_count: u32,
+    pub flags: u8,
+    pub channel: u32,
+    pub remaining_bytes: u32,
+    pub credit_charge: u16,
+}
+
+impl ReadKey {
+    /// The key of a READ request with `header`.
+    pub fn of(header: &Header, read: &ReadRequest) -> Self {
+        let tree_id = match header.tree_or_async {
+            crate::wire::header::TreeOrAsync::Tree { tree_id, .. } => tree_id,
+            crate::wire::header::TreeOrAsync::Async(_) => 0,
+        };
+        Self {
+            session_id: header.session_id,
+            tree_id,
+            file_id: read.file_id,
+            offset: read.offset,
+            length: read.length,
+            minimum_count: read.minimum_count,
+            flags: read.flags,
+            channel: read.channel,
+            remaining_bytes: read.remaining_bytes,
+            credit_charge: header.credit_charge,
+        }
+    }
+}
+
+/// Credits a request of `charge` consumes: a CreditCharge of 0 (SMB 2.0.2) counts one.
+fn charge_of(credit_charge: u16) -> u64 {
+    u64::from(credit_charge.max(1))
+}
+
+/// Engine counters: what read-ahead did on one session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineStats {
+    /// READs far issued ahead of the client, and the bytes they asked for.
+    pub prefetched: u64,
+    pub prefetched_bytes: u64,
+    /// READs near answered from them.
+    pub answered_locally: u64,
+    /// Predictions the client did not use (their ids were burned at the server).
+    pub missed: u64,
+    /// Client requests far gave a fresh MessageId because a prediction had used theirs.
+    pub remapped: u64,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,474 @@
+//! The engine in simulation: a client that keeps one READ outstanding, near, a WAN of
+//! `rtt`, far, and a strict server that refuses any MessageId outside its credit window or
+//! used twice (as Samba does, which drops the connection). Virtual time, no I/O. Every file
+//! read is compared with the server's.
+
+use super::{Far, Near, Record};
+use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
+use crate::wire::messages::{FileId, ReadRequest, ReadResponse};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+
+const SESSION: u64 = 0x55;
+const TREE: u32 = 7;
+const FILE: FileId = FileId {
+    persistent: 0x1111,
+    volatile: 0x2222,
+};
+const END_OF_FILE_STATUS: u32 = 0xc000_0011;
+
+fn header(command: Command, message_id: u64, credit_charge: u16, credits: u16) -> Header {
+    Header {
+        credit_charge,
+        status: 0,
+        command,
+        credits,
+        flags: 0,
+        next_command: 0,
+        message_id,
+        tree_or_async: TreeOrAsync::Tree {
+            reserved: 0,
+            tree_id: TREE,
+        },
+        session_id: SESSION,
+        signature: [0; 16],
+    }
+}
+
+fn message(header: &Header, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![0; HEADER_LEN];
+    header.emit(&mut m).unwrap();
+    m.extend_from_slice(body);
+    m
+}
+
+/// The strict server: answers NEGOTIATE, SESSION_SETUP, TREE_CONNECT, CREATE, READ
+/// (asynchronously when `async_reads`: an interim answer with the credits, then the data),
+/// ECHO, WRITE and CLOSE, granting what each request asks.
+struct Server {
+    file: Vec<u8>,
+    async_reads: bool,
+    window_end: u64,
+    used: BTreeSet<u64>,
+    violations: Vec<String>,
+    next_async: u64,
+}
+
+impl Server {
+    fn answer(&mut self, frame: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for (h, m) in Messages::new(frame) {
+            let charge = u64::from(h.credit_charge.max(1));
+            for id in h.message_id..h.message_id + charge {
+                if id >= self.window_end {
+                    self.violations
+                        .push(format!("id {id} beyond the window ({})", self.window_end));
+                }
+                if !self.used.insert(id) {
+                    self.violations.push(format!("id {id} used twice"));
+                }
+            }
+            let grant = h.credits.max(1);
+            self.window_end += u64::from(grant);
+            let mut answer = Header {
+                flags: flags::SERVER_TO_REDIR,
+                credits: grant,
+                ..h
+            };
+            let body: Vec<u8> = match h.command {
+                Command::NEGOTIATE => {
+                    let mut b = vec![0; 64];
+                    b[0] = 65;
+                    b[4..6].copy_from_slice(&0x0210u16.to_le_bytes());
+                    b
+                }
+                Command::SESSION_SETUP => vec![9, 0, 0, 0, 0, 0, 0, 0],
+                Command::TREE_CONNECT => {
+                    let mut b = vec![0; 16];
+                    b[0] = 16;
+                    b
+                }
+                Command::CREATE => {
+                    let mut b = vec![0; 88];
+                    b[0] = 89;
+                    b[48..56].copy_from_slice(&(self.file.len() as u64).to_le_bytes());
+                    b[64..72].copy_from_slice(&FILE.persistent.to_le_bytes());
+                    b[72..80].copy_from_slice(&FILE.volatile.to_le_bytes());
+                    b
+                }
+                Command::READ => {
+                    let read = ReadRequest::parse(&m[HEADER_LEN..]).unwrap();
+                    let start = read.offset as usize;
+                    if start >= self.file.len() {
+                        answer.status = END_OF_FILE_STATUS;
+                        vec![9, 0, 0, 0, 0, 0, 0, 0, 0]
+                    } else {
+                        let end = (start + read.length as usize).min(self.file.len());
+                        if self.async_reads {
+                            self.next_async += 1;
+                            let interim = Header {
+                                status: status::PENDING,
+                                flags: flags::SERVER_TO_REDIR | flags::ASYNC_COMMAND,
+                                tree_or_async: TreeOrAsync::Async(self.next_async),
+                                ..answer
+                            };
+                            out.push(message(&interim, &[9, 0, 0, 0, 0, 0, 0, 0, 0]));
+                            answer.credits = 0;
+                            answer.flags |= flags::ASYNC_COMMAND;
+                            answer.tree_or_async = TreeOrAsync::Async(self.next_async);
+                        }
+                        let mut b = vec![0; ReadResponse::LEN];
+                        ReadResponse {
+                            data_offset: 0x50,
+                            data_length: (end - start) as u32,
+                            data_remaining: 0,
+                            flags: 0,
+                        }
+                        .emit(&mut b)
+                        .unwrap();
+                        b.extend_from_slice(&self.file[start..end]);
+                        b
+                    }
+                }
+                Command::WRITE => vec![17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                _ => vec![4, 0, 0, 0],
+            };
+            out.push(message(&answer, &body));
+        }
+        out
+    }
+}
+
+/// What the client does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Negotiate,
+    SessionSetup,
+    TreeConnect,
+    Create,
+    Read,
+    /// An ECHO sent after this many READs (a request that is not the predicted READ).
+    Done,
+}
+
+/// A client that keeps one request outstanding and reads the whole file in READs of
+/// `read_len`; after `echo_after` READs it sends an ECHO, after `write_after` a WRITE.
+struct Client {
+    read_len: u32,
+    window_end: u64,
+    next_id: u64,
+    step: Step,
+    offset: u64,
+    end_of_file: u64,
+    data: Vec<u8>,
+    reads: usize,
+    echo_after: Option<usize>,
+    write_after: Option<usize>,
+    /// Credits the client asks for in its SESSION_SETUP: its window from then on.
+    setup_credits: u16,
+    /// What went against the protocol, as the client sees it.
+    violations: Vec<String>,
+    finished_at: Option<u64>,
+}
+
+impl Client {
+    fn request(&mut self, command: Command, credits: u16, body: &[u8]) -> Vec<u8> {
+        let id = self.next_id;
+        if id >= self.window_end {
+            self.violations.push(format!(
+                "client has no credit for id {id} ({})",
+                self.window_end
+            ));
+        }
+        self.next_id += 1;
+        message(&header(command, id, 1, credits), body)
+    }
+
+    fn read_request(&mut self) -> Vec<u8> {
+        let mut body = [0; ReadRequest::LEN];
+        ReadRequest {
+            padding: 0x50,
+            flags: 0,
+            length: self.read_len,
+            offset: self.offset,
+            file_id: FILE,
+            minimum_count: 0,
+            channel: 0,
+            remaining_bytes: 0,
+            channel_info_offset: 0,
+            channel_info_length: 0,
+        }
+        .emit(&mut body)
+        .unwrap();
+        self.request(Command::READ, 1, &body)
+    }
+
+    /// The first request.
+    fn start(&mut self) -> Vec<u8> {
+        self.step = Step::Negotiate;
+        self.request(Command::NEGOTIATE, 1, &[36, 0])
+    }
+
+    /// An answer came; the next request, if any.
+    fn answered(&mut self, frame: &[u8], now: u64) -> Option<Vec<u8>> {
+        let (h, m) = Messages::new(frame).next().unwrap();
+        self.window_end += u64::from(h.credits);
+        if h.status == status::PENDING {
+            return None;
+        }
+        match (self.step, h.command) {
+            (Step::Negotiate, Command::NEGOTIATE) => {
+                self.step = Step::SessionSetup;
+                let credits = self.setup_credits;
+                Some(self.request(Command::SESSION_SETUP, credits, &[25, 0]))
+            }
+            (Step::SessionSetup, Command::SESSION_SETUP) => {
+                self.step = Step::TreeConnect;
+                Some(self.request(Command::TREE_CONNECT, 1, &[9, 0]))
+            }
+            (Step::TreeConnect, Command::TREE_CONNECT) => {
+                self.step = Step::Create;
+                let mut body = vec![0; 57];
+                body[0] = 57;
+                // ShareAccess: read only.
+                body[32..36].copy_from_slice(&1u32.to_le_bytes());
+                Some(self.request(Command::CREATE, 1, &body))
+            }
+            (Step::Create, Command::CREATE) => {
+                let b = &m[HEADER_LEN..];
+                self.end_of_file = u64::from_le_bytes(b[48..56].try_into().unwrap());
+                self.step = Step::Read;
+                Some(self.read_request())
+            }
+            (Step::Read, Command::READ) | (Step::Read, Command::ECHO | Command::WRITE) => {
+                if h.command == Command::READ {
+                    assert_eq!(h.status, 0, "a READ within the file failed");
+                    let r = ReadResponse::parse(&m[HEADER_LEN..]).unwrap();
+                    let at = usize::from(r.data_offset);
+                    self.data
+                        .extend_from_slice(&m[at..at + r.data_length as usize]);
+                    self.offset += u64::from(r.data_length);
+                    self.reads += 1;
+                    if self.echo_after == Some(self.reads) {
+                        self.echo_after = None;
+                        return Some(self.request(Command::ECHO, 1, &[4, 0, 0, 0]));
+                    }
+                    if self.write_after == Some(self.reads) {
+                        self.write_after = None;
+                        let mut body = vec![0; 49];
+                        body[0] = 49;
+                        return Some(self.request(Command::WRITE, 1, &body));
+                    }
+                }
+                if self.offset >= self.end_of_file {
+                    self.step = Step::Done;
+                    self.finished_at = Some(now);
+                    return Some(self.request(Command::CLOSE, 1, &[24, 0]));
+                }
+                Some(self.read_request())
+            }
+            (Step::Done, _) => None,
+            (step, command) => {
+                self.violations
+                    .push(format!("unexpected answer {command:?} in {step:?}"));
+                None
+            }
+        }
+    }
+}
+
+/// Where a frame is going.
+#[derive(Debug)]
+enum Hop {
+    ToNear(Vec<u8>),
+    NearToFar(Record),
+    FarToNear(Record),
+    ToServer(Vec<u8>),
+    ToFarFromServer(Vec<u8>),
+    ToClient(Vec<u8>),
+}
+
+struct Run {
+    /// When the client had the whole file, in ms.
+    finished_ms: u64,
+    data: Vec<u8>,
+    file: Vec<u8>,
+    server_violations: Vec<String>,
+    client_violations: Vec<String>,
+    far: super::EngineStats,
+    near: super::EngineStats,
+}
+
+/// Reads a file of `len` bytes in READs of `read_len` across a WAN of `rtt_ms`, with far's
+/// window `window` (0: no read-ahead).
+fn run(
+    len: usize,
+    read_len: u32,
+    rtt_ms: u64,
+    window: u64,
+    tweak: impl FnOnce(&mut Client, &mut Server),
+) -> Run {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let file: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut server = Server {
+        file: file.clone(),
+        async_reads: false,
+        window_end: 1,
+        used: BTreeSet::new(),
+        violations: Vec::new(),
+        next_async: 0,
+    };
+    let mut client = Client {
+        read_len,
+        window_end: 1,
+        next_id: 0,
+        step: Step::Negotiate,
+        offset: 0,
+        end_of_file: 0,
+        data: Vec::new(),
+        reads: 0,
+        echo_after: None,
+        write_after: None,
+        setup_credits: 64,
+        violations: Vec::new(),
+        finished_at: None,
+    };
+    tweak(&mut client, &mut server);
+    let (mut near, mut far) = (Near::new(), Far::new(window));
+    // Events by time (µs), in order of scheduling within a time.
+    let mut queue: BinaryHeap<std::cmp::Reverse<(u64, u64)>> = BinaryHeap::new();
+    let mut hops: HashMap<u64, Hop> = HashMap::new();
+    let mut seq = 0u64;
+    let one_way = rtt_ms * 1000 / 2;
+    let mut schedule =
+        |queue: &mut BinaryHeap<_>, hops: &mut HashMap<u64, Hop>, at: u64, hop: Hop| {
+            seq += 1;
+            hops.insert(seq, hop);
+            queue.push(std::cmp::Reverse((at, seq)));
+        };
+    let first = client.start();
+    schedule(&mut queue, &mut hops, 0, Hop::ToNear(first));
+    let mut pending_out: VecDeque<(u64, Hop)> = VecDeque::new();
+    while let Some(std::cmp::Reverse((now, id))) = queue.pop() {
+        let hop = hops.remove(&id).unwrap();
+        match hop {
+            Hop::ToNear(frame) => near.from_client(frame),
+            Hop::FarToNear(record) => near.from_far(record),
+            Hop::NearToFar(record) => far.from_near(record),
+            Hop::ToFarFromServer(frame) => far.from_server(frame),
+            Hop::ToServer(frame) => {
+                for answer in server.answer(&frame) {
+                    pending_out.push_back((now, Hop::ToFarFromServer(answer)));
+                }
+            }
+            Hop::ToClient(frame) => {
+                if let Some(next) = client.answered(&frame, now) {
+                    pending_out.push_back((now, Hop::ToNear(next)));
+                }
+            }
+        }
+        while let Some(f) = near.poll_to_client() {
+            pending_out.push_back((now, Hop::ToClient(f)));
+        }
+        while let Some(r) = near.poll_to_far() {
+            pending_out.push_back((now + one_way, Hop::NearToFar(r)));
+        }
+        while let Some(r) = far.poll_to_near() {
+            pending_out.push_back((now + one_way, Hop::FarToNear(r)));
+        }
+        while let Some(f) = far.poll_to_server() {
+            pending_out.push_back((now, Hop::ToServer(f)));
+        }
+        while let Some((at, hop)) = pending_out.pop_front() {
+            schedule(&mut queue, &mut hops, at, hop);
+        }
+        assert!(
+            hops.len() < 1_000_000 && now < 3_600_000_000,
+            "the simulation does not end"
+        );
+    }
+    Run {
+        finished_ms: client.finished_at.unwrap_or(u64::MAX) / 1000,
+        data: client.data,
+        file,
+        server_violations: server.violations,
+        client_violations: client.violations,
+        far: far.stats(),
+        near: near.stats(),
+    }
+}
+
+fn check(run: &Run) {
+    eprintln!(
+        "finished at {} ms; far {:?}; near {:?}",
+        run.finished_ms, run.far, run.near
+    );
+    assert!(
+        run.server_violations.is_empty(),
+        "server: {:?}",
+        run.server_violations
+    );
+    assert!(
+        run.client_violations.is_empty(),
+        "client: {:?}",
+        run.client_violations
+    );
+    assert!(
+        run.data == run.file,
+        "the client read the file as the server has it"
+    );
+}
+
+#[test]
+fn a_client_with_one_read_outstanding_reads_at_the_window_not_the_round_trip() {
+    // 4 MiB in 64 KiB READs across 100 ms: 64 round trips without read-ahead.
+    let plain = run(4 << 20, 64 << 10, 100, 0, |_, _| {});
+    check(&plain);
+    assert_eq!(plain.far.prefetched, 0);
+    assert!(plain.finished_ms >= 64 * 100, "{} ms", plain.finished_ms);
+    let ahead = run(4 << 20, 64 << 10, 100, 8 << 20, |_, _| {});
+    check(&ahead);
+    assert_eq!(ahead.near.answered_locally, 63, "{:?}", ahead.near);
+    assert_eq!(ahead.far.missed, 0);
+    // The setup's four round trips, the first READ's, and the window's worth of credit
+    // round trips: the client holds 64 credits, so far can be 63 READs ahead.
+    assert!(ahead.finished_ms <= 7 * 100, "{} ms", ahead.finished_ms);
+}
+
+/// The server answers every READ with an interim answer (the credits) and then the data.
+/// The client never sees the interim of a prediction: the answer near gives it must carry
+/// those credits, or a client holding few would run out.
+#[test]
+fn asynchronous_answers_reach_the_client_whole_with_their_credits() {
+    let ahead = run(1 << 20, 64 << 10, 100, 8 << 20, |c, s| {
+        s.async_reads = true;
+        c.setup_credits = 4;
+    });
+    check(&ahead);
+    assert!(ahead.near.answered_locally >= 10, "{:?}", ahead.near);
+}
+
+#[test]
+fn a_request_that_takes_a_predicted_id_is_given_a_fresh_one_and_read_ahead_stops() {
+    let run = run(2 << 20, 64 << 10, 100, 8 << 20, |c, _| {
+        c.echo_after = Some(3)
+    });
+    check(&run);
+    assert!(run.far.missed > 0, "{:?}", run.far);
+    assert!(run.far.remapped > 0, "{:?}", run.far);
+}
+
+#[test]
+fn a_write_ends_read_ahead_and_the_rest_is_read_from_the_server() {
+    let run = run(2 << 20, 64 << 10, 100, 8 << 20, |c, _| {
+        c.write_after = Some(2)
+    });
+    check(&run);
+    assert!(run.near.answered_locally < 31, "{:?}", run.near);
+}
