@@ -14,13 +14,19 @@
 //!   [`wire::header`] (the 64-byte header, its flags and commands, compound chains),
 //!   [`wire::messages`] (NEGOTIATE, SESSION_SETUP and TREE_CONNECT responses, READ requests
 //!   and responses).
+//! - [`engine`]: the read-ahead engine's two halves, [`engine::Far`] (the server's
+//!   gateway: predicts the client's next READs with the client's own MessageIds and ships
+//!   their answers ahead) and [`engine::Near`] (the client's: answers a READ that matches a
+//!   prediction), and the records between them ([`engine::link`]). Simulated against a
+//!   strict server; the gateway does not run it yet.
 //! - [`observe`]: [`Observer`], one per connection, fed the bytes the relay copies: its
 //!   verdict, and its READs ([`ReadStats`]: how many waited a whole round trip alone).
 //!
-//! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds it. The read-ahead
-//! engine (CREATE-triggered metadata, sequential READ windows) builds on these two layers and
-//! is not written yet: today every SMB connection is relayed byte for byte, with TCP-level
-//! acceleration, and the observer's verdicts are counted.
+//! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds the observer; today
+//! every SMB connection is relayed byte for byte, with TCP-level acceleration, and the
+//! observer's verdicts are counted. Wiring the engine into the relay (frame-aware on both
+//! gateways, its records on the session's stream, negotiated between the gateways) is the
+//! next step, and CREATE-triggered metadata after it.
 
 pub mod engine;
 pub mod observe;

@@ -138,6 +138,14 @@ impl Server {
     }
 }
 
+/// A scripted client's request after its CREATE.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Read { offset: u64, len: u32 },
+    Echo,
+    Write,
+}
+
 /// What the client does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
@@ -165,6 +173,11 @@ struct Client {
     write_after: Option<usize>,
     /// Credits the client asks for in its SESSION_SETUP: its window from then on.
     setup_credits: u16,
+    /// Instead of reading the file through: these requests, one at a time, each READ's
+    /// answer checked against `expect` (the file).
+    script: Option<(VecDeque<Op>, Vec<u8>)>,
+    /// The READ in flight of a script, and its offset.
+    scripted_read: Option<(u64, u32)>,
     /// What went against the protocol, as the client sees it.
     violations: Vec<String>,
     finished_at: Option<u64>,
@@ -237,7 +250,59 @@ impl Client {
                 let b = &m[HEADER_LEN..];
                 self.end_of_file = u64::from_le_bytes(b[48..56].try_into().unwrap());
                 self.step = Step::Read;
+                if self.script.is_some() {
+                    // The script's first request, as if answering nothing.
+                    let echo = message(&header(Command::ECHO, 0, 1, 0), &[4, 0, 0, 0]);
+                    let mut answer = echo;
+                    answer[16] = flags::SERVER_TO_REDIR as u8;
+                    return self.answered(&answer, now);
+                }
                 Some(self.read_request())
+            }
+            (Step::Read, Command::READ | Command::ECHO | Command::WRITE)
+                if self.script.is_some() =>
+            {
+                if let Some((offset, len)) = self.scripted_read.take() {
+                    let file = &self.script.as_ref().unwrap().1;
+                    let start = offset as usize;
+                    if start >= file.len() {
+                        if h.status != END_OF_FILE_STATUS {
+                            self.violations
+                                .push(format!("READ at {offset}: {:#x}", h.status));
+                        }
+                    } else {
+                        let end = (start + len as usize).min(file.len());
+                        let r = ReadResponse::parse(&m[HEADER_LEN..]).unwrap();
+                        let at = usize::from(r.data_offset);
+                        if h.command != Command::READ
+                            || m[at..at + r.data_length as usize] != file[start..end]
+                        {
+                            self.violations
+                                .push(format!("READ at {offset}: wrong data"));
+                        }
+                    }
+                    self.reads += 1;
+                }
+                let next = self.script.as_mut().unwrap().0.pop_front();
+                match next {
+                    Some(Op::Read { offset, len }) => {
+                        self.offset = offset;
+                        self.read_len = len;
+                        self.scripted_read = Some((offset, len));
+                        Some(self.read_request())
+                    }
+                    Some(Op::Echo) => Some(self.request(Command::ECHO, 1, &[4, 0, 0, 0])),
+                    Some(Op::Write) => {
+                        let mut body = vec![0; 49];
+                        body[0] = 49;
+                        Some(self.request(Command::WRITE, 1, &body))
+                    }
+                    None => {
+                        self.step = Step::Done;
+                        self.finished_at = Some(now);
+                        Some(self.request(Command::CLOSE, 1, &[24, 0]))
+                    }
+                }
             }
             (Step::Read, Command::READ) | (Step::Read, Command::ECHO | Command::WRITE) => {
                 if h.command == Command::READ {
@@ -336,6 +401,8 @@ fn run(
         echo_after: None,
         write_after: None,
         setup_credits: 64,
+        script: None,
+        scripted_read: None,
         violations: Vec::new(),
         finished_at: None,
     };
@@ -471,4 +538,54 @@ fn a_write_ends_read_ahead_and_the_rest_is_read_from_the_server() {
     });
     check(&run);
     assert!(run.near.answered_locally < 31, "{:?}", run.near);
+}
+
+use proptest::prelude::Strategy as _;
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Any mix of READs (sequential runs, jumps, lengths that change, past the end), ECHOs
+    /// and WRITEs, one at a time, with read-ahead on, and answers synchronous or not: the
+    /// server sees no id twice and none outside its window, the client never runs out of
+    /// credits, and every READ gets exactly the file's bytes (or END_OF_FILE past it).
+    #[test]
+    fn any_client_behaviour_keeps_ids_credits_and_data_right(
+        ops in proptest::collection::vec(
+            proptest::prop_oneof![
+                6 => proptest::prelude::Just(None),
+                2 => (0u64..300_000, 1u32..70_000).prop_map(|(o, l)| Some(Op::Read { offset: o, len: l })),
+                1 => proptest::prelude::Just(Some(Op::Echo)),
+                1 => proptest::prelude::Just(Some(Op::Write)),
+            ],
+            1..60,
+        ),
+        read_len in proptest::sample::select(vec![4096u32, 65536]),
+        async_reads in proptest::bool::ANY,
+        setup_credits in 1u16..100,
+        window in proptest::sample::select(vec![0u64, 65536, 1 << 20]),
+    ) {
+        // None continues the current run: the next block after the last READ.
+        let len = 256 << 10;
+        let run = run(len, read_len, 40, window, |c, s| {
+            s.async_reads = async_reads;
+            c.setup_credits = setup_credits;
+            let mut at = 0u64;
+            let mut script = VecDeque::new();
+            for op in &ops {
+                let op = match op {
+                    None => Op::Read { offset: at, len: read_len },
+                    Some(op) => *op,
+                };
+                if let Op::Read { offset, len } = op {
+                    at = offset + u64::from(len);
+                }
+                script.push_back(op);
+            }
+            c.script = Some((script, s.file.clone()));
+        });
+        proptest::prop_assert!(run.server_violations.is_empty(), "server: {:?}", run.server_violations);
+        proptest::prop_assert!(run.client_violations.is_empty(), "client: {:?}", run.client_violations);
+        proptest::prop_assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
+    }
 }
