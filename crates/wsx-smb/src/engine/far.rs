@@ -112,11 +112,13 @@ impl Far {
             }
             Record::Consumed { message_id } => {
                 if let Some((file_id, key)) = self.predictions.remove(&message_id) {
-                    for id in message_id..message_id + charge_of(key.credit_charge) {
+                    for id in message_id..message_id.saturating_add(charge_of(key.credit_charge)) {
                         self.foreign.remove(&id);
                     }
                     if let Some(file) = self.files.get_mut(&file_id) {
-                        file.consumed_to = file.consumed_to.max(key.offset + u64::from(key.length));
+                        file.consumed_to = file
+                            .consumed_to
+                            .max(key.offset.saturating_add(u64::from(key.length)));
                     }
                 }
             }
@@ -144,7 +146,7 @@ impl Far {
                 continue;
             }
             let interim = header.status == status::PENDING && header.is_async();
-            self.window_end += u64::from(header.credits);
+            self.window_end = self.window_end.saturating_add(u64::from(header.credits));
             match self.pending.get_mut(&header.message_id) {
                 Some(Pending::Prediction { interim_credits }) => {
                     if interim {
@@ -163,8 +165,12 @@ impl Far {
                     if client_id != header.message_id {
                         frame[at + 24..at + 32].copy_from_slice(&client_id.to_le_bytes());
                     }
-                    if command == Command::CREATE && header.status == status::SUCCESS {
-                        self.created(header.message_id, &frame[at + HEADER_LEN..at + len]);
+                    if command == Command::CREATE && !interim {
+                        if header.status == status::SUCCESS {
+                            self.created(header.message_id, &frame[at + HEADER_LEN..at + len]);
+                        } else {
+                            self.creates.remove(&header.message_id);
+                        }
                     }
                     forward = true;
                 }
@@ -212,7 +218,11 @@ impl Far {
             .map(|(h, _, _)| charge_of(h.credit_charge))
             .sum();
         if fresh_needed > 0
-            && self.next_fresh.max(self.highest_seen()) + fresh_needed > self.window_end
+            && self
+                .next_fresh
+                .max(self.highest_seen())
+                .saturating_add(fresh_needed)
+                > self.window_end
         {
             return Err(frame);
         }
@@ -221,20 +231,41 @@ impl Far {
             if header.is_response() {
                 continue;
             }
+            if header.command == Command::CANCEL {
+                // A CANCEL consumes no id: it names its request's, which the server knows
+                // by the id far gave it.
+                if let Some((&server_id, _)) = self.pending.iter().find(|(_, p)| {
+                    matches!(p, Pending::Client { client_id, .. } if *client_id == header.message_id)
+                }) {
+                    frame[at + 24..at + 32].copy_from_slice(&server_id.to_le_bytes());
+                }
+                continue;
+            }
             let client_id = header.message_id;
             let charge = charge_of(header.credit_charge);
             let server_id = if self.collides(client_id, charge) {
                 self.missed(client_id, charge);
                 let fresh = self.next_fresh.max(self.highest_seen());
-                self.next_fresh = fresh + charge;
-                self.foreign.extend(fresh..fresh + charge);
+                self.next_fresh = fresh.saturating_add(charge);
+                self.foreign.extend(fresh..fresh.saturating_add(charge));
                 frame[at + 24..at + 32].copy_from_slice(&fresh.to_le_bytes());
                 self.stats.remapped += 1;
                 fresh
             } else {
-                self.next_fresh = self.next_fresh.max(client_id + charge);
+                self.next_fresh = self.next_fresh.max(client_id.saturating_add(charge));
                 client_id
             };
+            // Whatever the request (but the active file's next READ, which `client_read`
+            // judges), it has taken ids a prediction would otherwise have had.
+            let body = &frame[at + HEADER_LEN..at + len];
+            let next_read = header.command == Command::READ
+                && ReadRequest::parse(body).is_ok_and(|r| Some(r.file_id) == self.active);
+            if let Some(file) = self.active.and_then(|f| self.files.get_mut(&f))
+                && client_id >= file.next_id
+                && !(next_read && client_id == file.next_id)
+            {
+                file.next_id = client_id.saturating_add(charge);
+            }
             self.pending.insert(
                 server_id,
                 Pending::Client {
@@ -242,7 +273,6 @@ impl Far {
                     command: header.command,
                 },
             );
-            let body = &frame[at + HEADER_LEN..at + len];
             self.client_request(&header, server_id, body);
         }
         self.to_server.push_back(frame);
@@ -268,15 +298,9 @@ impl Far {
             | Command::SET_INFO
             | Command::FLUSH
             | Command::LOCK
+            | Command::IOCTL
             | Command::CLOSE => self.stop_all(),
-            _ => {
-                // Any other request takes an id the next READ would have had.
-                if let Some(file) = self.active.and_then(|f| self.files.get_mut(&f))
-                    && header.message_id >= file.next_id
-                {
-                    file.next_id = header.message_id + charge_of(header.credit_charge);
-                }
-            }
+            _ => {}
         }
     }
 
@@ -287,12 +311,12 @@ impl Far {
         let Some(file) = self.files.get_mut(&read.file_id) else {
             return;
         };
-        let next = read.offset + u64::from(read.length);
+        let next = read.offset.saturating_add(u64::from(read.length));
         match &file.template {
             None if unsigned && file.eligible && !file.stopped && self.active.is_none() => {
                 file.template = Some((*header, *read));
                 file.next_offset = next;
-                file.next_id = header.message_id + charge;
+                file.next_id = header.message_id.saturating_add(charge);
                 file.consumed_to = next;
                 self.active = Some(read.file_id);
             }
@@ -305,7 +329,7 @@ impl Far {
                 // The client asked for the next block itself (the window had not reached
                 // it): the prediction goes on from there.
                 file.next_offset = next;
-                file.next_id = header.message_id + charge;
+                file.next_id = header.message_id.saturating_add(charge);
                 file.consumed_to = next;
             }
             Some(_) => file.stopped = true,
@@ -394,7 +418,7 @@ impl Far {
             if file.stopped
                 || file.next_offset >= file.end_of_file
                 || file.next_offset.saturating_sub(file.consumed_to) >= self.window
-                || id + charge > self.window_end
+                || id.saturating_add(charge) > self.window_end
                 || self.collides(id, charge)
                 || self.predictions.len() >= MAX_PREDICTIONS
             {
@@ -425,15 +449,15 @@ impl Far {
             });
             self.to_server.push_back(message);
             self.predictions.insert(id, (file_id, key));
-            self.foreign.extend(id..id + charge);
+            self.foreign.extend(id..id.saturating_add(charge));
             self.pending
                 .insert(id, Pending::Prediction { interim_credits: 0 });
-            self.next_fresh = self.next_fresh.max(id + charge);
+            self.next_fresh = self.next_fresh.max(id.saturating_add(charge));
             self.stats.prefetched += 1;
             self.stats.prefetched_bytes += u64::from(read.length);
             if let Some(file) = self.files.get_mut(&file_id) {
-                file.next_offset += u64::from(read.length);
-                file.next_id = id + charge;
+                file.next_offset = file.next_offset.saturating_add(u64::from(read.length));
+                file.next_id = id.saturating_add(charge);
             }
         }
     }
@@ -449,7 +473,7 @@ impl Far {
     /// The client used ids a prediction had: the prediction is lost and its file's
     /// read-ahead stops.
     fn missed(&mut self, id: u64, charge: u64) {
-        for id in id..id + charge {
+        for id in id..id.saturating_add(charge) {
             if let Some((file_id, _)) = self.predictions.remove(&id) {
                 self.stats.missed += 1;
                 if let Some(file) = self.files.get_mut(&file_id) {

@@ -3,7 +3,10 @@
 //! own answer (at once if it is in, or as soon as it comes) and tells far it was used.
 //! Any other request that uses an announced MessageId ends that prediction (far will see
 //! the same id and give the request a fresh one), and a request that may change a file
-//! (WRITE, SET_INFO, FLUSH, LOCK, CLOSE) ends them all: their data may be stale.
+//! (WRITE, SET_INFO, FLUSH, LOCK, IOCTL, CLOSE) or an oplock break ends them all (their
+//! data may be stale), except those the client already asked for and waits on. A CANCEL
+//! consumes no id; one for a READ that waits here is not passed on (a cancel is advisory:
+//! the READ is answered when its answer comes).
 
 use super::{EngineStats, ReadKey, Record, charge_of};
 use crate::wire::header::{Command, Messages};
@@ -49,8 +52,19 @@ impl Near {
             }
             return;
         }
+        let mut messages = Messages::new(&frame);
+        if let Some((header, _)) = messages.next()
+            && messages.next().is_none()
+            && header.command == Command::CANCEL
+            && self
+                .announced
+                .get(&header.message_id)
+                .is_some_and(|a| a.asked)
+        {
+            return;
+        }
         for (header, _) in Messages::new(&frame) {
-            if header.is_response() {
+            if header.is_response() || header.command == Command::CANCEL {
                 continue;
             }
             if matches!(
@@ -59,13 +73,16 @@ impl Near {
                     | Command::SET_INFO
                     | Command::FLUSH
                     | Command::LOCK
+                    | Command::IOCTL
                     | Command::CLOSE
             ) {
-                self.announced.clear();
+                self.drop_unasked();
             }
             let first = header.message_id;
-            for id in first..first.saturating_add(charge_of(header.credit_charge)) {
-                self.announced.remove(&id);
+            for id in first..first.saturating_add(charge_of(header.credit_charge).min(256)) {
+                if self.announced.get(&id).is_some_and(|a| !a.asked) {
+                    self.announced.remove(&id);
+                }
             }
         }
         self.to_far.push_back(Record::Smb(frame));
@@ -74,7 +91,12 @@ impl Near {
     /// A record from far.
     pub fn from_far(&mut self, record: Record) {
         match record {
-            Record::Smb(frame) => self.to_client.push_back(frame),
+            Record::Smb(frame) => {
+                if Messages::new(&frame).any(|(h, _)| h.command == Command::OPLOCK_BREAK) {
+                    self.drop_unasked();
+                }
+                self.to_client.push_back(frame);
+            }
             Record::Announce { message_id, key } => {
                 self.announced.insert(
                     message_id,
@@ -98,6 +120,11 @@ impl Near {
             // Only far is told.
             Record::Consumed { .. } => {}
         }
+    }
+
+    /// Ends every prediction the client has not asked for yet.
+    fn drop_unasked(&mut self) {
+        self.announced.retain(|_, a| a.asked);
     }
 
     fn answer(&mut self, message_id: u64, answer: Vec<u8>) {
