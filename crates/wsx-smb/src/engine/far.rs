@@ -494,7 +494,7 @@ impl Far {
     fn highest_seen(&self) -> u64 {
         self.foreign
             .last()
-            .map_or(0, |&id| id + 1)
+            .map_or(0, |&id| id.saturating_add(1))
             .max(self.next_fresh)
     }
 
