@@ -5,9 +5,13 @@
 //! ships each answer to near after announcing it.
 //!
 //! - **Ids.** While predictions hold, the server sees exactly the client's ids. A client
-//!   request whose id a prediction already used (the client sent something else) gets a
-//!   fresh id above every id seen, and its answers get the client's id back; the file's
-//!   read-ahead stops. `foreign` holds the server ids the client has not used itself.
+//!   request whose id a prediction already used (the client sent something else) is a
+//!   miss: every outstanding prediction is dropped (their ids are spent at the server) and
+//!   from then on each client id is sent shifted (`shift`) past the highest id the server
+//!   has seen, its answers given the client's id back. One shift per miss, so the mapping
+//!   stays a constant offset and no request collides again; predictions resume in the
+//!   client's id space, sent shifted too. (A signed message sent shifted would fail its
+//!   signature: the observer passes such sessions through before any prediction.)
 //! - **Credits.** `window_end` is one past the last id the server has granted (1 + every
 //!   CreditResponse). A prediction or a fresh id must fit below it; a client frame that
 //!   needs a fresh id that does not fit waits for the server's next grant.
@@ -25,7 +29,7 @@ use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::frame_header;
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
 use crate::wire::messages::{FileId, ReadRequest};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// `ShareAccess` bit: other opens may write.
 const FILE_SHARE_WRITE: u32 = 0x2;
@@ -39,8 +43,8 @@ const MAX_PREDICTIONS: usize = 1024;
 enum Pending {
     /// The client's, with the id the client gave it.
     Client { client_id: u64, command: Command },
-    /// A prediction; credits of its interim answers so far.
-    Prediction { interim_credits: u16 },
+    /// A prediction for the client's id `client_id`; credits of its interim answers.
+    Prediction { client_id: u64, interim_credits: u16 },
 }
 
 /// A file the client opened.
@@ -65,10 +69,14 @@ pub struct Far {
     observer: Observer,
     window: u64,
     window_end: u64,
+    /// By server id.
     pending: HashMap<u64, Pending>,
-    foreign: BTreeSet<u64>,
-    predictions: HashMap<u64, (FileId, ReadKey)>,
-    next_fresh: u64,
+    /// Outstanding predictions, by the client id each is for.
+    predictions: BTreeMap<u64, (FileId, ReadKey)>,
+    /// Server id = client id + `shift` (0 until the first miss).
+    shift: u64,
+    /// One past the highest server id used.
+    top: u64,
     /// CREATE requests sent, by server id: share access and requested oplock.
     creates: HashMap<u64, u32>,
     files: HashMap<FileId, File>,
@@ -87,9 +95,9 @@ impl Far {
             window,
             window_end: 1,
             pending: HashMap::new(),
-            foreign: BTreeSet::new(),
-            predictions: HashMap::new(),
-            next_fresh: 0,
+            predictions: BTreeMap::new(),
+            shift: 0,
+            top: 0,
             creates: HashMap::new(),
             files: HashMap::new(),
             active: None,
@@ -112,9 +120,6 @@ impl Far {
             }
             Record::Consumed { message_id } => {
                 if let Some((file_id, key)) = self.predictions.remove(&message_id) {
-                    for id in message_id..message_id.saturating_add(charge_of(key.credit_charge)) {
-                        self.foreign.remove(&id);
-                    }
                     if let Some(file) = self.files.get_mut(&file_id) {
                         file.consumed_to = file
                             .consumed_to
@@ -148,13 +153,17 @@ impl Far {
             let interim = header.status == status::PENDING && header.is_async();
             self.window_end = self.window_end.saturating_add(u64::from(header.credits));
             match self.pending.get_mut(&header.message_id) {
-                Some(Pending::Prediction { interim_credits }) => {
+                Some(Pending::Prediction {
+                    client_id,
+                    interim_credits,
+                }) => {
                     if interim {
                         *interim_credits = interim_credits.saturating_add(header.credits);
                     } else {
-                        let extra = *interim_credits;
+                        let (client_id, extra) = (*client_id, *interim_credits);
                         self.pending.remove(&header.message_id);
-                        self.prediction_answered(&header, &frame[at..at + len], extra);
+                        let message = &frame[at..at + len];
+                        self.prediction_answered(client_id, &header, message, extra);
                     }
                 }
                 Some(Pending::Client { client_id, command }) => {
@@ -212,19 +221,23 @@ impl Far {
             }
             v
         };
-        let fresh_needed: u64 = chain
-            .iter()
-            .filter(|(h, _, _)| self.collides(h.message_id, charge_of(h.credit_charge)))
-            .map(|(h, _, _)| charge_of(h.credit_charge))
-            .sum();
-        if fresh_needed > 0
-            && self
-                .next_fresh
-                .max(self.highest_seen())
-                .saturating_add(fresh_needed)
-                > self.window_end
-        {
-            return Err(frame);
+        // Plan first (a miss shifts the ids of the requests after it): the frame waits if
+        // an id it would get is beyond what the server has granted.
+        let (mut shift, mut top, mut missed) = (self.shift, self.top, false);
+        for (h, _, _) in &chain {
+            if h.is_response() || h.command == Command::CANCEL {
+                continue;
+            }
+            let charge = charge_of(h.credit_charge);
+            if !missed && self.collides(h.message_id, charge) {
+                missed = true;
+                shift = shift.max(top.saturating_sub(h.message_id));
+            }
+            let end = h.message_id.saturating_add(shift).saturating_add(charge);
+            if end > self.window_end {
+                return Err(frame);
+            }
+            top = top.max(end);
         }
         feed(&mut self.observer, Direction::ToServer, &frame);
         for (header, at, len) in chain {
@@ -243,18 +256,16 @@ impl Far {
             }
             let client_id = header.message_id;
             let charge = charge_of(header.credit_charge);
-            let server_id = if self.collides(client_id, charge) {
-                self.missed(client_id, charge);
-                let fresh = self.next_fresh.max(self.highest_seen());
-                self.next_fresh = fresh.saturating_add(charge);
-                self.foreign.extend(fresh..fresh.saturating_add(charge));
-                frame[at + 24..at + 32].copy_from_slice(&fresh.to_le_bytes());
+            if self.collides(client_id, charge) {
+                self.missed();
+                self.shift = self.shift.max(self.top.saturating_sub(client_id));
+            }
+            let server_id = client_id.saturating_add(self.shift);
+            if server_id != client_id {
+                frame[at + 24..at + 32].copy_from_slice(&server_id.to_le_bytes());
                 self.stats.remapped += 1;
-                fresh
-            } else {
-                self.next_fresh = self.next_fresh.max(client_id.saturating_add(charge));
-                client_id
-            };
+            }
+            self.top = self.top.max(server_id.saturating_add(charge));
             // Whatever the request (but the active file's next READ, which `client_read`
             // judges), it has taken ids a prediction would otherwise have had.
             let body = &frame[at + HEADER_LEN..at + len];
@@ -369,13 +380,20 @@ impl Far {
 
     /// The final answer to a prediction: made synchronous, the interim's credits added, and
     /// sent to near unless the client has gone another way meanwhile.
-    fn prediction_answered(&mut self, header: &Header, message: &[u8], interim_credits: u16) {
-        let Some((file_id, key)) = self.predictions.get(&header.message_id).copied() else {
+    fn prediction_answered(
+        &mut self,
+        client_id: u64,
+        header: &Header,
+        message: &[u8],
+        interim_credits: u16,
+    ) {
+        let Some((file_id, key)) = self.predictions.get(&client_id).copied() else {
             // Missed: its id went to another request. Nothing to give.
             return;
         };
         let mut answer = message.to_vec();
         let sync = Header {
+            message_id: client_id,
             flags: header.flags & !flags::ASYNC_COMMAND,
             credits: header.credits.saturating_add(interim_credits),
             next_command: 0,
@@ -395,7 +413,7 @@ impl Far {
             file.stopped = true;
         }
         self.to_near.push_back(Record::Prefetched {
-            message_id: header.message_id,
+            message_id: client_id,
             answer,
         });
     }
@@ -415,10 +433,12 @@ impl Far {
             };
             let charge = charge_of(header.credit_charge);
             let id = file.next_id;
+            let server_id = id.saturating_add(self.shift);
             if file.stopped
                 || file.next_offset >= file.end_of_file
                 || file.next_offset.saturating_sub(file.consumed_to) >= self.window
-                || id.saturating_add(charge) > self.window_end
+                || server_id.saturating_add(charge) > self.window_end
+                || server_id < self.top
                 || self.collides(id, charge)
                 || self.predictions.len() >= MAX_PREDICTIONS
             {
@@ -447,12 +467,17 @@ impl Far {
                 message_id: id,
                 key,
             });
+            message[24..32].copy_from_slice(&server_id.to_le_bytes());
             self.to_server.push_back(message);
             self.predictions.insert(id, (file_id, key));
-            self.foreign.extend(id..id.saturating_add(charge));
-            self.pending
-                .insert(id, Pending::Prediction { interim_credits: 0 });
-            self.next_fresh = self.next_fresh.max(id.saturating_add(charge));
+            self.pending.insert(
+                server_id,
+                Pending::Prediction {
+                    client_id: id,
+                    interim_credits: 0,
+                },
+            );
+            self.top = self.top.max(server_id.saturating_add(charge));
             self.stats.prefetched += 1;
             self.stats.prefetched_bytes += u64::from(read.length);
             if let Some(file) = self.files.get_mut(&file_id) {
@@ -462,23 +487,21 @@ impl Far {
         }
     }
 
-    /// Whether ids `id..id + charge` include one the client has not used itself.
+    /// Whether the client ids `id..id + charge` include one a prediction has.
     fn collides(&self, id: u64, charge: u64) -> bool {
-        self.foreign
+        self.predictions
             .range(id..id.saturating_add(charge))
             .next()
             .is_some()
     }
 
-    /// The client used ids a prediction had: the prediction is lost and its file's
-    /// read-ahead stops.
-    fn missed(&mut self, id: u64, charge: u64) {
-        for id in id..id.saturating_add(charge) {
-            if let Some((file_id, _)) = self.predictions.remove(&id) {
-                self.stats.missed += 1;
-                if let Some(file) = self.files.get_mut(&file_id) {
-                    file.stopped = true;
-                }
+    /// The client used ids a prediction had: every outstanding prediction is lost (their
+    /// ids are spent at the server) and their files' read-ahead stops.
+    fn missed(&mut self) {
+        for (_, (file_id, _)) in std::mem::take(&mut self.predictions) {
+            self.stats.missed += 1;
+            if let Some(file) = self.files.get_mut(&file_id) {
+                file.stopped = true;
             }
         }
     }
@@ -488,14 +511,6 @@ impl Far {
             file.stopped = true;
         }
         self.active = None;
-    }
-
-    /// One past the highest id used at the server.
-    fn highest_seen(&self) -> u64 {
-        self.foreign
-            .last()
-            .map_or(0, |&id| id.saturating_add(1))
-            .max(self.next_fresh)
     }
 
     /// The next frame payload for the server.
