@@ -44,7 +44,10 @@ enum Pending {
     /// The client's, with the id the client gave it.
     Client { client_id: u64, command: Command },
     /// A prediction for the client's id `client_id`; credits of its interim answers.
-    Prediction { client_id: u64, interim_credits: u16 },
+    Prediction {
+        client_id: u64,
+        interim_credits: u16,
+    },
 }
 
 /// A file the client opened.
@@ -444,11 +447,17 @@ impl Far {
             {
                 return;
             }
+            // Ask at least the credits the READ spends: a prediction the client never uses
+            // must leave the server's window no shorter than the client's.
+            let credits = header
+                .credits
+                .max(u16::try_from(charge).unwrap_or(u16::MAX));
             let request = Header {
                 status: 0,
                 flags: 0,
                 next_command: 0,
                 message_id: id,
+                credits,
                 signature: [0; 16],
                 ..header
             };

@@ -129,7 +129,22 @@ impl Server {
                         b
                     }
                 }
-                Command::WRITE => vec![17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                Command::WRITE => {
+                    // DataOffset (2 at 2, from the header), Length (4 at 4), Offset (8 at 8).
+                    let b = &m[HEADER_LEN..];
+                    let data_at = usize::from(u16::from_le_bytes([b[2], b[3]]));
+                    let len = u32::from_le_bytes(b[4..8].try_into().unwrap()) as usize;
+                    let offset = u64::from_le_bytes(b[8..16].try_into().unwrap()) as usize;
+                    let data = &m[data_at..data_at + len];
+                    if offset + len > self.file.len() {
+                        self.file.resize(offset + len, 0);
+                    }
+                    self.file[offset..offset + len].copy_from_slice(data);
+                    let mut answer_body = vec![0; 16];
+                    answer_body[0] = 17;
+                    answer_body[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+                    answer_body
+                }
                 _ => vec![4, 0, 0, 0],
             };
             out.push(message(&answer, &body));
@@ -141,9 +156,15 @@ impl Server {
 /// A scripted client's request after its CREATE.
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    Read { offset: u64, len: u32 },
+    Read {
+        offset: u64,
+        len: u32,
+    },
     Echo,
-    Write,
+    /// 64 new bytes at `offset`.
+    Write {
+        offset: u64,
+    },
 }
 
 /// What the client does.
@@ -185,15 +206,21 @@ struct Client {
 
 impl Client {
     fn request(&mut self, command: Command, credits: u16, body: &[u8]) -> Vec<u8> {
+        self.charged(command, 1, credits, body)
+    }
+
+    /// A request of `charge` credits (SMB 2.1: one per 64 KiB of a READ or WRITE).
+    fn charged(&mut self, command: Command, charge: u16, credits: u16, body: &[u8]) -> Vec<u8> {
         let id = self.next_id;
-        if id >= self.window_end {
+        if id + u64::from(charge) > self.window_end {
             self.violations.push(format!(
-                "client has no credit for id {id} ({})",
+                "client has no credit for ids {id}..{} ({})",
+                id + u64::from(charge),
                 self.window_end
             ));
         }
-        self.next_id += 1;
-        message(&header(command, id, 1, credits), body)
+        self.next_id += u64::from(charge);
+        message(&header(command, id, charge, credits), body)
     }
 
     fn read_request(&mut self) -> Vec<u8> {
@@ -212,7 +239,8 @@ impl Client {
         }
         .emit(&mut body)
         .unwrap();
-        self.request(Command::READ, 1, &body)
+        let charge = self.read_len.div_ceil(65536).max(1) as u16;
+        self.charged(Command::READ, charge, charge, &body)
     }
 
     /// The first request.
@@ -292,9 +320,22 @@ impl Client {
                         Some(self.read_request())
                     }
                     Some(Op::Echo) => Some(self.request(Command::ECHO, 1, &[4, 0, 0, 0])),
-                    Some(Op::Write) => {
-                        let mut body = vec![0; 49];
+                    Some(Op::Write { offset }) => {
+                        // 64 bytes of a new pattern at `offset`, which the client now
+                        // expects to read back.
+                        let data: Vec<u8> = (0..64u8).map(|i| i ^ 0xa5 ^ offset as u8).collect();
+                        let expect = &mut self.script.as_mut().unwrap().1;
+                        let at = offset as usize;
+                        if at + data.len() > expect.len() {
+                            expect.resize(at + data.len(), 0);
+                        }
+                        expect[at..at + data.len()].copy_from_slice(&data);
+                        let mut body = vec![0; 48];
                         body[0] = 49;
+                        body[2..4].copy_from_slice(&((HEADER_LEN + 48) as u16).to_le_bytes());
+                        body[4..8].copy_from_slice(&(data.len() as u32).to_le_bytes());
+                        body[8..16].copy_from_slice(&offset.to_le_bytes());
+                        body.extend_from_slice(&data);
                         Some(self.request(Command::WRITE, 1, &body))
                     }
                     None => {
@@ -545,10 +586,11 @@ use proptest::prelude::Strategy as _;
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
-    /// Any mix of READs (sequential runs, jumps, lengths that change, past the end), ECHOs
-    /// and WRITEs, one at a time, with read-ahead on, and answers synchronous or not: the
-    /// server sees no id twice and none outside its window, the client never runs out of
-    /// credits, and every READ gets exactly the file's bytes (or END_OF_FILE past it).
+    /// Any mix of READs (sequential runs, jumps, lengths that change, multi-credit ones,
+    /// past the end), ECHOs and WRITEs that change the file, one at a time, with
+    /// read-ahead on, and answers synchronous or not: the server sees no id twice and none
+    /// outside its window, the client never runs out of credits, and every READ gets
+    /// exactly the file's bytes as last written (or END_OF_FILE past it): never stale.
     #[test]
     fn any_client_behaviour_keeps_ids_credits_and_data_right(
         ops in proptest::collection::vec(
@@ -556,13 +598,13 @@ proptest::proptest! {
                 6 => proptest::prelude::Just(None),
                 2 => (0u64..300_000, 1u32..70_000).prop_map(|(o, l)| Some(Op::Read { offset: o, len: l })),
                 1 => proptest::prelude::Just(Some(Op::Echo)),
-                1 => proptest::prelude::Just(Some(Op::Write)),
+                1 => (0u64..300_000).prop_map(|offset| Some(Op::Write { offset })),
             ],
             1..60,
         ),
-        read_len in proptest::sample::select(vec![4096u32, 65536]),
+        read_len in proptest::sample::select(vec![4096u32, 65536, 131_072]),
         async_reads in proptest::bool::ANY,
-        setup_credits in 1u16..100,
+        setup_credits in 2u16..100,
         window in proptest::sample::select(vec![0u64, 65536, 1 << 20]),
     ) {
         // None continues the current run: the next block after the last READ.
