@@ -20,6 +20,9 @@
 //!   file at a time, up to `window` bytes beyond what the client has consumed, never past
 //!   its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
 //!   the server, or a READ that is not the predicted one stops it.
+//! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
+//!   forgotten at its CLOSE; requests waiting for credits are bounded by the client's own
+//!   window (it cannot send more than it was granted).
 //! - **Answers.** An interim answer (STATUS_PENDING) to a prediction is kept back and its
 //!   credits added to the final one, which is made synchronous (the client never saw the
 //!   interim): what near hands the client is what the server would have sent it.
@@ -36,7 +39,7 @@ const FILE_SHARE_WRITE: u32 = 0x2;
 /// Oplock levels that let a client cache reads: Level II, exclusive, batch.
 const READ_CACHING_OPLOCKS: [u8; 3] = [0x01, 0x08, 0x09];
 /// Predictions outstanding at most per session, whatever the window.
-const MAX_PREDICTIONS: usize = 1024;
+pub const MAX_PREDICTIONS: usize = 1024;
 
 /// What a request sent to the server was.
 #[derive(Debug)]
@@ -308,12 +311,22 @@ impl Far {
                     self.client_read(header, &read);
                 }
             }
+            Command::CLOSE => {
+                self.stop_all();
+                // FileId (16 at 8): the file is gone from the client's view.
+                if let Some(id) = body.get(8..24) {
+                    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
+                    self.files.remove(&FileId {
+                        persistent: u64_at(&id[..8]),
+                        volatile: u64_at(&id[8..]),
+                    });
+                }
+            }
             Command::WRITE
             | Command::SET_INFO
             | Command::FLUSH
             | Command::LOCK
-            | Command::IOCTL
-            | Command::CLOSE => self.stop_all(),
+            | Command::IOCTL => self.stop_all(),
             _ => {}
         }
     }

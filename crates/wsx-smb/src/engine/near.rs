@@ -27,6 +27,9 @@ struct Announced {
 #[derive(Debug, Default)]
 pub struct Near {
     announced: HashMap<u64, Announced>,
+    /// One past the highest id the client has used: predictions below it that it did not
+    /// ask for are dead.
+    client_next: u64,
     to_client: VecDeque<Vec<u8>>,
     to_far: VecDeque<Record>,
     stats: EngineStats,
@@ -67,6 +70,11 @@ impl Near {
             if header.is_response() || header.command == Command::CANCEL {
                 continue;
             }
+            self.client_next = self.client_next.max(
+                header
+                    .message_id
+                    .saturating_add(charge_of(header.credit_charge)),
+            );
             if matches!(
                 header.command,
                 Command::WRITE
@@ -85,6 +93,8 @@ impl Near {
                 }
             }
         }
+        let next = self.client_next;
+        self.announced.retain(|&id, a| a.asked || id >= next);
         self.to_far.push_back(Record::Smb(frame));
     }
 
@@ -97,6 +107,8 @@ impl Near {
                 }
                 self.to_client.push_back(frame);
             }
+            // An announcement for an id the client has passed comes too late to serve.
+            Record::Announce { message_id, .. } if message_id < self.client_next => {}
             Record::Announce { message_id, key } => {
                 self.announced.insert(
                     message_id,
