@@ -142,6 +142,8 @@ impl Far {
     /// A frame's payload from the server.
     pub fn from_server(&mut self, mut frame: Vec<u8>) {
         feed(&mut self.observer, Direction::ToClient, &frame);
+        // Everything goes on to near but answers to predictions: frames far cannot read
+        // (SMB1, encrypted, compressed, malformed) included.
         let mut forward = false;
         let mut at = 0;
         let chain: Vec<(Header, usize, usize)> = {
@@ -152,8 +154,10 @@ impl Far {
             }
             v
         };
+        let chain_is_empty = chain.is_empty();
         for (header, at, len) in chain {
             if !header.is_response() {
+                forward = true;
                 continue;
             }
             let interim = header.status == status::PENDING && header.is_async();
@@ -197,7 +201,7 @@ impl Far {
                 }
             }
         }
-        if forward {
+        if forward || chain_is_empty {
             self.to_near.push_back(Record::Smb(frame));
         }
         while let Some(frame) = self.blocked.pop_front() {

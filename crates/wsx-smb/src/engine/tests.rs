@@ -631,3 +631,25 @@ proptest::proptest! {
         proptest::prop_assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
     }
 }
+
+/// Frames far cannot read (an encrypted message, SMB1, bytes that are not SMB2) pass
+/// through both halves unchanged, both ways: the engine relays what it does not act on.
+#[test]
+fn frames_the_engine_cannot_read_pass_through_unchanged() {
+    let (mut near, mut far) = (Near::new(), Far::new(1 << 20));
+    let frames: [&[u8]; 3] = [b"\xfdSMB encrypted", b"\xffSMBr", b"not smb at all"];
+    for frame in frames {
+        far.from_server(frame.to_vec());
+        let Some(Record::Smb(relayed)) = far.poll_to_near() else {
+            panic!("far kept {frame:?}");
+        };
+        near.from_far(Record::Smb(relayed));
+        assert_eq!(near.poll_to_client().as_deref(), Some(frame));
+        near.from_client(frame.to_vec());
+        let Some(Record::Smb(relayed)) = near.poll_to_far() else {
+            panic!("near kept {frame:?}");
+        };
+        far.from_near(Record::Smb(relayed));
+        assert_eq!(far.poll_to_server().as_deref(), Some(frame));
+    }
+}
