@@ -10,8 +10,10 @@
 //!   from then on each client id is sent shifted (`shift`) past the highest id the server
 //!   has seen, its answers given the client's id back. One shift per miss, so the mapping
 //!   stays a constant offset and no request collides again; predictions resume in the
-//!   client's id space, sent shifted too. (A signed message sent shifted would fail its
-//!   signature: the observer passes such sessions through before any prediction.)
+//!   client's id space, sent shifted too. A signed message sent shifted fails its
+//!   signature: only a session judged unsigned is read ahead, but one that starts signing
+//!   after a miss (a second, signed logon on the same connection) breaks. Until a miss,
+//!   nothing is shifted and signed messages pass intact.
 //! - **Credits.** `window_end` is one past the last id the server has granted (1 + every
 //!   CreditResponse). A prediction or a fresh id must fit below it; a client frame that
 //!   needs a fresh id that does not fit waits for the server's next grant.
