@@ -620,13 +620,7 @@ fn run_exchanges(args: &BenchArgs, exchanges: usize) -> Result<()> {
                     ipv6: args.ipv6,
                     exchanges,
                     answer_bytes: args.answer_kib * 1024,
-                    gateways: Settings {
-                        fec,
-                        compression: !args.no_compression,
-                        shape_kbit: None,
-                        max_rate_mbit: args.max_rate_mbit,
-                        max_datagram: None,
-                    },
+                    gateways: request_settings(args, fec),
                     wsx_binary: wsx_binary.clone(),
                 });
             }
@@ -662,13 +656,7 @@ fn run_smb(
                 file_bytes,
                 read_bytes: args.smb_read_kib << 10,
                 dialect: args.smb_dialect,
-                gateways: Settings {
-                    fec: fecs(args)[0],
-                    compression: !args.no_compression,
-                    shape_kbit: None,
-                    max_rate_mbit: args.max_rate_mbit,
-                    max_datagram: None,
-                },
+                gateways: request_settings(args, fecs(args)[0]),
                 wsx_binary: wsx_binary.clone(),
             });
         }
@@ -676,6 +664,18 @@ fn run_smb(
     let binary = crate::build_lab_binary()?;
     wsx_lab::install_signal_cleanup()?;
     crate::smb::run(&cases, &binary, args.json.as_deref())
+}
+
+/// The gateways' settings of the request/response and SMB cases: `fec`, and compression
+/// and the stated rate as asked; no shaper, the default datagram size.
+fn request_settings(args: &BenchArgs, fec: Fec) -> Settings {
+    Settings {
+        fec,
+        compression: !args.no_compression,
+        shape_kbit: None,
+        max_rate_mbit: args.max_rate_mbit,
+        max_datagram: None,
+    }
 }
 
 /// A dialect as `0x0210` or `210`.

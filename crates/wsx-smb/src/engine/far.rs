@@ -33,6 +33,7 @@ use super::{EngineStats, ReadKey, Record, charge_of};
 use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::frame_header;
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
+use crate::wire::le64;
 use crate::wire::messages::{FileId, ReadRequest};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -147,15 +148,7 @@ impl Far {
         // Everything goes on to near but answers to predictions: frames far cannot read
         // (SMB1, encrypted, compressed, malformed) included.
         let mut forward = false;
-        let mut at = 0;
-        let chain: Vec<(Header, usize, usize)> = {
-            let mut v = Vec::new();
-            for (header, message) in Messages::new(&frame) {
-                v.push((header, at, message.len()));
-                at += message.len();
-            }
-            v
-        };
+        let chain = chain(&frame);
         let chain_is_empty = chain.is_empty();
         for (header, at, len) in chain {
             if !header.is_response() {
@@ -224,15 +217,7 @@ impl Far {
     /// Sends a client frame on, its ids made the server's; gives it back if it needs fresh
     /// ids the server has not granted yet.
     fn try_client_frame(&mut self, mut frame: Vec<u8>) -> Result<(), Vec<u8>> {
-        let chain: Vec<(Header, usize, usize)> = {
-            let mut v = Vec::new();
-            let mut at = 0;
-            for (header, message) in Messages::new(&frame) {
-                v.push((header, at, message.len()));
-                at += message.len();
-            }
-            v
-        };
+        let chain = chain(&frame);
         // Plan first (a miss shifts the ids of the requests after it): the frame waits if
         // an id it would get is beyond what the server has granted.
         let (mut shift, mut top, mut missed) = (self.shift, self.top, false);
@@ -321,11 +306,7 @@ impl Far {
                 self.stop_all();
                 // FileId (16 at 8): the file is gone from the client's view.
                 if let Some(id) = body.get(8..24) {
-                    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-                    self.files.remove(&FileId {
-                        persistent: u64_at(&id[..8]),
-                        volatile: u64_at(&id[8..]),
-                    });
+                    self.files.remove(&FileId::parse(id));
                 }
             }
             Command::WRITE
@@ -381,15 +362,10 @@ impl Far {
         else {
             return;
         };
-        let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-        let file_id = FileId {
-            persistent: u64_at(&id[..8]),
-            volatile: u64_at(&id[8..]),
-        };
         self.files.insert(
-            file_id,
+            FileId::parse(id),
             File {
-                end_of_file: u64_at(eof),
+                end_of_file: le64(eof, 0),
                 eligible: share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock),
                 stopped: false,
                 template: None,
@@ -554,6 +530,19 @@ impl Far {
     pub fn stats(&self) -> EngineStats {
         self.stats
     }
+}
+
+/// The messages of a frame's payload: each header, where its message starts and its
+/// length, so that far can rewrite a header in place afterwards.
+fn chain(frame: &[u8]) -> Vec<(Header, usize, usize)> {
+    let mut at = 0;
+    Messages::new(frame)
+        .map(|(header, message)| {
+            let start = at;
+            at += message.len();
+            (header, start, message.len())
+        })
+        .collect()
 }
 
 /// Feeds one frame's payload, framed again, to the observer.

@@ -13,6 +13,7 @@
 use super::ReadKey;
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN};
 use crate::wire::messages::FileId;
+use crate::wire::{le16, le32, le64};
 
 const SMB: u8 = 0x00;
 const ANNOUNCE: u8 = 0x01;
@@ -108,23 +109,19 @@ impl Record {
 }
 
 impl ReadKey {
+    /// The key in the first `KEY_LEN` bytes of `b`; the caller has checked the length.
     fn parse(b: &[u8]) -> Self {
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4]));
         Self {
-            session_id: u64_at(0),
-            tree_id: u32_at(8),
-            file_id: FileId {
-                persistent: u64_at(12),
-                volatile: u64_at(20),
-            },
-            offset: u64_at(28),
-            length: u32_at(36),
-            minimum_count: u32_at(40),
+            session_id: le64(b, 0),
+            tree_id: le32(b, 8),
+            file_id: FileId::parse(&b[12..28]),
+            offset: le64(b, 28),
+            length: le32(b, 36),
+            minimum_count: le32(b, 40),
             flags: b[44],
-            channel: u32_at(45),
-            remaining_bytes: u32_at(49),
-            credit_charge: u16::from_le_bytes([b[53], b[54]]),
+            channel: le32(b, 45),
+            remaining_bytes: le32(b, 49),
+            credit_charge: le16(b, 53),
         }
     }
 

@@ -179,7 +179,8 @@ pub struct FileId {
 }
 
 impl FileId {
-    fn parse(b: &[u8]) -> Self {
+    /// The id in the first 16 bytes of `b`; the caller has checked the length.
+    pub(crate) fn parse(b: &[u8]) -> Self {
         Self {
             persistent: le64(b, 0),
             volatile: le64(b, 8),
