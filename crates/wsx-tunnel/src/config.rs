@@ -54,6 +54,11 @@ pub struct TransportConfig {
     /// when the peer offers it too, ChaCha20-Poly1305 otherwise. `false` keeps every
     /// connection on ChaCha20-Poly1305.
     pub aes_gcm: bool,
+    /// What the application on this side understands, bits it defines: offered to the
+    /// peer in the handshake (bits 16-47 of the `extensions` parameter), the peer's
+    /// read back with [`Connection::peer_app_extensions`](crate::Connection::peer_app_extensions).
+    /// The tunnel gives them no meaning. 0 by default.
+    pub app_extensions: u32,
 }
 
 /// When the sender adds Reed-Solomon parity to its packets (PROTOCOL.md §5.1). The receiver
@@ -89,6 +94,7 @@ impl Default for TransportConfig {
             fec: FecMode::default(),
             fec_max_overhead: 0.25,
             aes_gcm: true,
+            app_extensions: 0,
         }
     }
 }

@@ -58,7 +58,7 @@ pub(crate) use handshake::parse_initiation_payload;
 pub(crate) use handshake::{Accepted, Incoming, Rejected};
 pub use mtu::MtuStats;
 pub(crate) use mtu::{BASE_DATAGRAM, PathMtu};
-use params::{EXTENSION_PUSH, TransportParams};
+use params::{APP_EXTENSIONS_SHIFT, EXTENSION_PUSH, TransportParams};
 use recovery::{FrameOutcome, Recovery, SentFrame, Timeout};
 pub use stats::ConnectionStats;
 use std::collections::VecDeque;
@@ -376,6 +376,13 @@ impl Connection {
     /// Whether the connection is over and can be dropped.
     pub fn is_drained(&self) -> bool {
         matches!(self.state, State::Drained)
+    }
+
+    /// What the peer's application understands ([`TransportConfig::app_extensions`] on its
+    /// side); 0 until the handshake has brought the peer's parameters.
+    pub fn peer_app_extensions(&self) -> u32 {
+        self.peer_params
+            .map_or(0, |p| (p.extensions >> APP_EXTENSIONS_SHIFT) as u32)
     }
 
     pub fn rtt(&self) -> &RttEstimator {

@@ -17,12 +17,16 @@ pub(crate) struct TransportParams {
     /// The packet ciphers the sender can run (bits: 1 ChaCha20-Poly1305, 2 AES-256-GCM);
     /// both sides pick the same one from the two offers ([`Cipher::agree`]).
     pub(crate) ciphers: u64,
-    /// What the sender understands beyond version 1 as first specified ([`EXTENSION_PUSH`]).
+    /// What the sender understands beyond version 1 as first specified: the low half the
+    /// tunnel's in bits 0-15 ([`EXTENSION_PUSH`]), its application's in bits 16-47
+    /// ([`TransportConfig::app_extensions`], at [`APP_EXTENSIONS_SHIFT`]).
     pub(crate) extensions: u64,
 }
 
 /// In `extensions`: the sender parses STREAM frames with the PUSH bit, so the peer may set it.
 pub(crate) const EXTENSION_PUSH: u64 = 1;
+/// Where the application's bits start in `extensions` (all 32 stay inside a varint).
+pub(crate) const APP_EXTENSIONS_SHIFT: u32 = 16;
 
 /// Encoded size bound: eight varints.
 pub(crate) const MAX_LEN: usize = 8 * 8;
@@ -40,7 +44,7 @@ impl TransportParams {
             idle_timeout: config.idle_timeout,
             max_ack_delay: config.max_ack_delay,
             ciphers: Cipher::offer(config.aes_gcm),
-            extensions: EXTENSION_PUSH,
+            extensions: EXTENSION_PUSH | u64::from(config.app_extensions) << APP_EXTENSIONS_SHIFT,
         }
     }
 
@@ -135,6 +139,18 @@ mod tests {
             TransportParams::parse(&mut Reader::new(&buf[..n - 3])),
             Err(ParamsError::Truncated)
         );
+        // The application's bits travel above the tunnel's.
+        let app = TransportParams::from_config(&TransportConfig {
+            app_extensions: u32::MAX,
+            ..TransportConfig::default()
+        });
+        let mut w = Writer::new(&mut buf);
+        app.emit(&mut w);
+        let n = w.len();
+        let back = TransportParams::parse(&mut Reader::new(&buf[..n]));
+        assert_eq!(back, Ok(app));
+        assert_eq!(app.extensions >> APP_EXTENSIONS_SHIFT, u64::from(u32::MAX));
+        assert_eq!(app.extensions & 0xffff, EXTENSION_PUSH);
         let small = TransportParams {
             max_datagram: 100,
             ..params

@@ -330,6 +330,12 @@ impl Tunnel {
         now().saturating_duration_since(heard)
     }
 
+    /// What the peer's application understands; see
+    /// [`Connection::peer_app_extensions`](crate::Connection::peer_app_extensions).
+    pub fn peer_app_extensions(&self) -> u32 {
+        self.link.lock().connection.peer_app_extensions()
+    }
+
     /// The smoothed round-trip time.
     pub fn rtt(&self) -> Duration {
         self.link.lock().connection.rtt().smoothed()

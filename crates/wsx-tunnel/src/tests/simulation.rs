@@ -141,6 +141,31 @@ fn random_loss_at_the_start_does_not_end_rapid_start() {
     }
 }
 
+/// What each side's application offers in the handshake, the other reads back; the
+/// tunnel's own extensions are unaffected.
+#[test]
+fn each_side_reads_the_application_extensions_the_other_offered() {
+    let config = TransportConfig {
+        app_extensions: 0x8000_0001,
+        ..crate::testing::transport_config()
+    };
+    let pair = pair_with(LinkConfig::new(RTT, 100), 3, config);
+    for side in &pair.sides {
+        let connection = side.connections.values().next().expect("connected");
+        assert!(connection.is_established());
+        assert_eq!(connection.peer_app_extensions(), 0x8000_0001);
+    }
+    let plain = pair_with(
+        LinkConfig::new(RTT, 100),
+        3,
+        crate::testing::transport_config(),
+    );
+    for side in &plain.sides {
+        let connection = side.connections.values().next().expect("connected");
+        assert_eq!(connection.peer_app_extensions(), 0);
+    }
+}
+
 /// From a cold start, the delivery rate reaches 90 % of the bottleneck within 10 RTTs of the
 /// first byte.
 #[test]
