@@ -31,7 +31,7 @@
 
 use super::{EngineStats, ReadKey, Record, charge_of};
 use crate::observe::{Direction, Observer, Verdict};
-use crate::wire::framing::frame_header;
+use crate::wire::framing::{MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
 use crate::wire::le64;
 use crate::wire::messages::{FileId, ReadRequest};
@@ -91,6 +91,8 @@ pub struct Far {
     files: HashMap<FileId, File>,
     active: Option<FileId>,
     blocked: VecDeque<Vec<u8>>,
+    /// Read-ahead ended for good ([`Far::pass_through`]): client frames go on untouched.
+    through: bool,
     to_server: VecDeque<Vec<u8>>,
     to_near: VecDeque<Record>,
     stats: EngineStats,
@@ -111,6 +113,7 @@ impl Far {
             files: HashMap::new(),
             active: None,
             blocked: VecDeque::new(),
+            through: false,
             to_server: VecDeque::new(),
             to_near: VecDeque::new(),
             stats: EngineStats::default(),
@@ -120,6 +123,7 @@ impl Far {
     /// A record from near.
     pub fn from_near(&mut self, record: Record) {
         match record {
+            Record::Smb(frame) if self.through => self.to_server.push_back(frame),
             Record::Smb(frame) => {
                 if self.blocked.is_empty() {
                     self.client_frame(frame);
@@ -418,7 +422,9 @@ impl Far {
 
     /// Issues the predictions the window, the credits and the file allow.
     fn read_ahead(&mut self) {
-        let Some(file_id) = self.active else { return };
+        let Some(file_id) = self.active.filter(|_| !self.through) else {
+            return;
+        };
         if self.observer.verdict() != Verdict::Unsigned {
             return;
         }
@@ -439,6 +445,8 @@ impl Far {
                 || server_id < self.top
                 || self.collides(id, charge)
                 || self.predictions.len() >= MAX_PREDICTIONS
+                // Its answer, and the record that carries it, must fit a frame.
+                || read.length as usize > MAX_FRAME_LEN - 4096
             {
                 return;
             }
@@ -515,6 +523,27 @@ impl Far {
             file.stopped = true;
         }
         self.active = None;
+    }
+
+    /// Whether far stands between the client's ids and the server's: a prediction is
+    /// outstanding or the ids are shifted. Until then, every client frame reached the
+    /// server as the client sent it.
+    pub fn translating(&self) -> bool {
+        !self.predictions.is_empty() || self.shift != 0
+    }
+
+    /// Ends read-ahead for good: from here each client frame goes to the server as it
+    /// comes, none waits for credits (far may no longer see the server's grants). The
+    /// frames waiting go first, in order. Only while far is not [`translating`](Self::translating):
+    /// `false` (and nothing changed) otherwise.
+    pub fn pass_through(&mut self) -> bool {
+        if self.translating() {
+            return false;
+        }
+        self.through = true;
+        self.stop_all();
+        self.to_server.extend(self.blocked.drain(..));
+        true
     }
 
     /// The next frame payload for the server.

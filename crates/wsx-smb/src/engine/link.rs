@@ -9,6 +9,7 @@
 //! | 0x01 | ANNOUNCE | far | MessageId (8), the predicted READ's [`ReadKey`] |
 //! | 0x02 | PREFETCHED | far | MessageId (8), the server's answer (an SMB2 message) |
 //! | 0x03 | CONSUMED | near | MessageId (8): the client's READ was answered from it |
+//! | 0x04 | OPAQUE | either | none: the rest of this direction is its end's bytes as they came ([`OPAQUE`]) |
 
 use super::ReadKey;
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN};
@@ -19,6 +20,10 @@ const SMB: u8 = 0x00;
 const ANNOUNCE: u8 = 0x01;
 const PREFETCHED: u8 = 0x02;
 const CONSUMED: u8 = 0x03;
+/// The record after which a direction of the stream carries its end's bytes as they came,
+/// not records: that end sent something that is not a Direct TCP frame (it does not speak
+/// SMB2). Handled by [`Splice`](super::Splice), never parsed as a [`Record`].
+pub const OPAQUE: u8 = 0x04;
 
 /// One record on the stream between the engines.
 #[derive(Debug, Clone, PartialEq, Eq)]

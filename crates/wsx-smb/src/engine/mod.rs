@@ -11,17 +11,20 @@
 //!  client ─READ m+c─> Near: matches ANNOUNCE m+c ─> the answer, at once; CONSUMED m+c ─> Far
 //! ```
 //!
-//! Both are pure state machines over whole frames: the gateway gives each the frames it
-//! reads ([`Near::from_client`], [`Near::from_far`], [`Far::from_near`],
-//! [`Far::from_server`]) and writes what they hand out (`poll_*`).
+//! Both are pure state machines over whole frames ([`Near::from_client`],
+//! [`Near::from_far`], [`Far::from_near`], [`Far::from_server`], and `poll_*` for what they
+//! hand out). The gateway runs one in a [`Splice`], which takes and gives the session's
+//! byte streams.
 
 pub mod far;
 pub mod link;
 pub mod near;
+pub mod splice;
 
 pub use far::Far;
 pub use link::{Record, RecordError};
 pub use near::Near;
+pub use splice::{Splice, SpliceError};
 
 use crate::wire::header::Header;
 use crate::wire::messages::{FileId, ReadRequest};

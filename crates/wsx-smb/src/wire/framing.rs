@@ -7,7 +7,8 @@
 //! (headers and fixed-size bodies) and not its payload (a READ response may carry 8 MiB): it
 //! hands out the first [`Deframer::keep`] bytes of every frame, borrowed from the input when
 //! they arrive in one piece and copied only when they straddle two reads, and skips the rest
-//! without touching it.
+//! without touching it. [`Frames`] is for a reader that acts on whole frames (the read-ahead
+//! engine): each frame's payload in a buffer of its own, every byte copied once.
 
 /// Bytes of the framing header: the zero byte and the 24-bit length.
 pub const FRAME_HEADER_LEN: usize = 4;
@@ -191,6 +192,77 @@ pub fn frame_header(len: usize) -> Option<[u8; FRAME_HEADER_LEN]> {
     (len <= MAX_FRAME_LEN).then_some([0, (len >> 16) as u8, (len >> 8) as u8, len as u8])
 }
 
+/// Splits a byte stream into whole frames, in the order they come. Each payload is copied
+/// once, from the input into a buffer of its own that the caller then owns.
+#[derive(Debug, Default)]
+pub struct Frames {
+    header: [u8; FRAME_HEADER_LEN],
+    /// Bytes of `header` in.
+    header_len: usize,
+    /// The payload of the frame being read, once its header is in.
+    payload: Vec<u8>,
+}
+
+impl Frames {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads `data`: `each` gets every frame it completes, as its kind (the first byte)
+    /// and payload. A frame whose kind `accept` refuses ends the framing: `Err` hands back
+    /// the bytes from that frame's first byte to the end of `data`, and nothing more may be
+    /// fed.
+    pub fn feed(
+        &mut self,
+        mut data: &[u8],
+        accept: impl Fn(u8) -> bool,
+        mut each: impl FnMut(u8, Vec<u8>),
+    ) -> Result<(), Vec<u8>> {
+        while !data.is_empty() {
+            if self.header_len < FRAME_HEADER_LEN {
+                if self.header_len == 0 && !accept(data[0]) {
+                    return Err(data.to_vec());
+                }
+                let n = (FRAME_HEADER_LEN - self.header_len).min(data.len());
+                self.header[self.header_len..self.header_len + n].copy_from_slice(&data[..n]);
+                self.header_len += n;
+                data = &data[n..];
+                if self.header_len < FRAME_HEADER_LEN {
+                    return Ok(());
+                }
+                self.payload = Vec::with_capacity(self.len());
+            }
+            let n = (self.len() - self.payload.len()).min(data.len());
+            self.payload.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.payload.len() == self.len() {
+                self.header_len = 0;
+                each(self.header[0], std::mem::take(&mut self.payload));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the stream stands between two frames (an end here cuts none).
+    pub fn between_frames(&self) -> bool {
+        self.header_len == 0
+    }
+
+    /// What arrived of a frame not yet whole, framing header included, and a fresh start.
+    pub fn take_partial(&mut self) -> Vec<u8> {
+        let mut partial = self.header[..self.header_len].to_vec();
+        partial.append(&mut self.payload);
+        self.header_len = 0;
+        partial
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.header[1]) << 16
+            | usize::from(self.header[2]) << 8
+            | usize::from(self.header[3])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +355,69 @@ mod tests {
             if first.is_err() {
                 prop_assert!(second.is_err() || data[cut..].is_empty());
             }
+        }
+    }
+
+    proptest! {
+        /// Whole frames come out as they went in, however the stream is cut; a frame of a
+        /// refused kind hands back the rest of the stream from its first byte.
+        #[test]
+        fn frames_come_out_whole_however_the_stream_is_cut(
+            frames in prop::collection::vec((0u8..3, prop::collection::vec(any::<u8>(), 0..3000)), 0..8),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+        ) {
+            let mut stream = Vec::new();
+            for (kind, payload) in &frames {
+                let mut header = frame_header(payload.len()).unwrap();
+                header[0] = *kind;
+                stream.extend_from_slice(&header);
+                stream.extend_from_slice(payload);
+            }
+            let mut at: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
+            at.push(0);
+            at.push(stream.len());
+            at.sort_unstable();
+            let mut splitter = Frames::new();
+            let mut back = Vec::new();
+            let mut rest = None;
+            for w in at.windows(2) {
+                if rest.is_some() {
+                    break;
+                }
+                if let Err(r) = splitter.feed(&stream[w[0]..w[1]], |k| k < 2, |k, p| back.push((k, p))) {
+                    // Everything after this piece, too.
+                    let mut r = r;
+                    r.extend_from_slice(&stream[w[1]..]);
+                    rest = Some(r);
+                }
+            }
+            let accepted: Vec<_> = frames.iter().take_while(|(k, _)| *k < 2).cloned().collect();
+            prop_assert_eq!(&back, &accepted);
+            let offset: usize = accepted.iter().map(|(_, p)| FRAME_HEADER_LEN + p.len()).sum();
+            if accepted.len() < frames.len() {
+                let rest = rest.unwrap_or_default();
+                // The refused frame's first byte was not in the splitter yet (its kind is
+                // judged first): the rest is the stream from it.
+                prop_assert_eq!(&rest[..], &stream[offset..]);
+            } else {
+                prop_assert!(rest.is_none());
+                prop_assert!(splitter.between_frames());
+            }
+        }
+
+        /// Cut short, a stream's incomplete frame is handed back byte for byte.
+        #[test]
+        fn an_incomplete_frame_is_handed_back(payload in prop::collection::vec(any::<u8>(), 1..500), cut in any::<prop::sample::Index>()) {
+            let mut stream = frame_header(payload.len()).unwrap().to_vec();
+            stream.extend_from_slice(&payload);
+            let cut = 1 + cut.index(stream.len() - 1);
+            let mut splitter = Frames::new();
+            let mut whole = 0;
+            prop_assert!(splitter.feed(&stream[..cut], |_| true, |_, _| whole += 1).is_ok());
+            prop_assert_eq!(whole, 0);
+            prop_assert!(!splitter.between_frames());
+            prop_assert_eq!(splitter.take_partial(), stream[..cut].to_vec());
+            prop_assert!(splitter.between_frames());
         }
     }
 }

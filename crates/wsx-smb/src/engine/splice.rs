@@ -1,0 +1,306 @@
+//! One session's engine half between its two byte streams, without I/O: the gateway hands
+//! [`Splice`] what it reads from the session's TCP end (the client, at near; the server, at
+//! far) and from the tunnel stream to the other gateway (the peer), and writes what it
+//! hands back, as it does for any relay.
+//!
+//! ```text
+//!   end (TCP 445) ── Direct TCP frames ──> Frames ─> Near/Far ─> records ──> peer (stream)
+//!   end <── frames ── Near/Far <─ Frames <── records (SMB frames and the engine's) ── peer
+//! ```
+//!
+//! An SMB frame and a record of type 0 are the same bytes, so what the engines do not touch
+//! crosses unchanged. An end that sends something that is not a Direct TCP frame (it does
+//! not speak SMB2) turns its direction opaque: an [`OPAQUE`] record, then its bytes as they
+//! come, to the end of the stream. That is safe only while far is not translating ids
+//! ([`Far::translating`]); a stream that turns opaque while it is fails the session
+//! ([`SpliceError::Unframed`]) rather than hand either end ids the other did not give.
+//!
+//! Memory: the frame being read each way (at most a frame, 16 MiB), what waits to be written
+//! (the caller stops reading a side while the way it feeds holds [`Splice::to_end`] or
+//! [`Splice::to_peer`] bytes beyond its limit), and what near holds of far's answers
+//! (bounded by far's window).
+
+use super::link::OPAQUE;
+use super::{EngineStats, Far, Near, Record, RecordError};
+use crate::wire::framing::{FRAME_HEADER_LEN, Frames, MAX_FRAME_LEN};
+
+/// Why a session's splice cannot go on; the gateway aborts the session.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpliceError {
+    /// The peer sent a record that cannot be read: a bug, or not a wsx gateway.
+    #[error("the peer gateway's stream: {0}")]
+    Record(#[from] RecordError),
+    /// An end stopped speaking SMB2 after far had started translating ids.
+    #[error("the {0} stopped framing SMB2 after read-ahead had begun")]
+    Unframed(&'static str),
+}
+
+/// Which half a gateway runs: near for a session it intercepted (its client is local), far
+/// for one that came through the tunnel (its server is local).
+#[derive(Debug)]
+enum Half {
+    Near(Near),
+    Far(Box<Far>),
+}
+
+/// Bytes waiting to be written to one side.
+#[derive(Debug, Default)]
+struct Outbox {
+    bytes: Vec<u8>,
+    /// `bytes[at..]` wait; the rest was written.
+    at: usize,
+}
+
+impl Outbox {
+    fn pending(&self) -> &[u8] {
+        &self.bytes[self.at..]
+    }
+
+    fn written(&mut self, n: usize) {
+        self.at = (self.at + n).min(self.bytes.len());
+        if self.at == self.bytes.len() {
+            self.bytes.clear();
+            self.at = 0;
+        }
+    }
+
+    /// Room at the end, the written bytes reclaimed first once they are the larger part.
+    fn reserve(&mut self, n: usize) -> &mut Vec<u8> {
+        if self.at > 0 && self.at >= self.bytes.len() / 2 {
+            self.bytes.drain(..self.at);
+            self.at = 0;
+        }
+        self.bytes.reserve(n);
+        &mut self.bytes
+    }
+
+    fn frame(&mut self, payload: &[u8]) {
+        // Engines' payloads come from frames, so they fit; one that did not is cut to the
+        // 24-bit length rather than lie about it (it cannot happen).
+        let len = payload.len().min(MAX_FRAME_LEN);
+        let out = self.reserve(FRAME_HEADER_LEN + len);
+        out.extend_from_slice(&[0, (len >> 16) as u8, (len >> 8) as u8, len as u8]);
+        out.extend_from_slice(&payload[..len]);
+    }
+}
+
+/// One session's engine half and the framing both ways; see the module documentation.
+#[derive(Debug)]
+pub struct Splice {
+    half: Half,
+    from_end: Frames,
+    from_peer: Frames,
+    /// The end's direction, or the peer's, turned opaque: its bytes go on as they come.
+    end_opaque: bool,
+    peer_opaque: bool,
+    to_end: Outbox,
+    to_peer: Outbox,
+}
+
+impl Splice {
+    /// The client's gateway's half.
+    pub fn near() -> Self {
+        Self::new(Half::Near(Near::new()))
+    }
+
+    /// The server's gateway's half, reading ahead up to `window` bytes beyond the client.
+    pub fn far(window: u64) -> Self {
+        Self::new(Half::Far(Box::new(Far::new(window))))
+    }
+
+    fn new(half: Half) -> Self {
+        Self {
+            half,
+            from_end: Frames::new(),
+            from_peer: Frames::new(),
+            end_opaque: false,
+            peer_opaque: false,
+            to_end: Outbox::default(),
+            to_peer: Outbox::default(),
+        }
+    }
+
+    /// Bytes read from the end.
+    pub fn from_end(&mut self, data: &[u8]) -> Result<(), SpliceError> {
+        if self.end_opaque {
+            self.to_peer.reserve(data.len()).extend_from_slice(data);
+            return Ok(());
+        }
+        let Self { half, from_end, .. } = self;
+        let fed = from_end.feed(
+            data,
+            |kind| kind == 0,
+            |_, frame| match half {
+                Half::Near(near) => near.from_client(frame),
+                Half::Far(far) => far.from_server(frame),
+            },
+        );
+        if let Err(rest) = fed {
+            self.end_turns_opaque(rest)?;
+        }
+        self.drain();
+        Ok(())
+    }
+
+    /// Bytes read from the peer's stream.
+    pub fn from_peer(&mut self, data: &[u8]) -> Result<(), SpliceError> {
+        if self.peer_opaque {
+            self.to_end.reserve(data.len()).extend_from_slice(data);
+            return Ok(());
+        }
+        let Self {
+            half, from_peer, ..
+        } = self;
+        let mut error = None;
+        let opaque = std::cell::Cell::new(false);
+        let fed = from_peer.feed(
+            data,
+            |kind| kind <= OPAQUE && !opaque.get(),
+            |kind, payload| {
+                let record = match kind {
+                    OPAQUE => {
+                        opaque.set(true);
+                        return;
+                    }
+                    // An SMB frame: its payload as it is, not copied again.
+                    0 => Record::Smb(payload),
+                    kind => match Record::parse(kind, &payload) {
+                        Ok(record) => record,
+                        Err(e) => {
+                            error.get_or_insert(e);
+                            return;
+                        }
+                    },
+                };
+                match half {
+                    Half::Near(near) => near.from_far(record),
+                    Half::Far(far) => far.from_near(record),
+                }
+            },
+        );
+        let opaque = opaque.get();
+        if let Some(e) = error {
+            return Err(e.into());
+        }
+        match fed {
+            // Refused after an OPAQUE record: the rest is the far end's bytes.
+            Err(rest) if opaque => self.peer_turns_opaque(rest)?,
+            Err(rest) => return Err(RecordError::Type(rest[0]).into()),
+            Ok(()) if opaque => self.peer_turns_opaque(Vec::new())?,
+            Ok(()) => {}
+        }
+        self.drain();
+        Ok(())
+    }
+
+    /// The end finished sending: an incomplete frame goes on as it came.
+    pub fn end_finished(&mut self) {
+        let partial = self.from_end.take_partial();
+        self.to_peer
+            .reserve(partial.len())
+            .extend_from_slice(&partial);
+    }
+
+    /// The peer finished sending: an incomplete record goes on as it came.
+    pub fn peer_finished(&mut self) {
+        let partial = self.from_peer.take_partial();
+        self.to_end
+            .reserve(partial.len())
+            .extend_from_slice(&partial);
+    }
+
+    fn end_turns_opaque(&mut self, rest: Vec<u8>) -> Result<(), SpliceError> {
+        if let Half::Far(far) = &mut self.half
+            && !far.pass_through()
+        {
+            return Err(SpliceError::Unframed("server"));
+        }
+        self.drain();
+        self.end_opaque = true;
+        let out = self.to_peer.reserve(FRAME_HEADER_LEN + rest.len());
+        out.extend_from_slice(&[OPAQUE, 0, 0, 0]);
+        out.extend_from_slice(&rest);
+        Ok(())
+    }
+
+    fn peer_turns_opaque(&mut self, rest: Vec<u8>) -> Result<(), SpliceError> {
+        if let Half::Far(far) = &mut self.half
+            && !far.pass_through()
+        {
+            return Err(SpliceError::Unframed("client"));
+        }
+        self.drain();
+        self.peer_opaque = true;
+        self.to_end.reserve(rest.len()).extend_from_slice(&rest);
+        Ok(())
+    }
+
+    /// Moves what the engine has for either side into its outbox.
+    fn drain(&mut self) {
+        match &mut self.half {
+            Half::Near(near) => {
+                while let Some(frame) = near.poll_to_client() {
+                    self.to_end.frame(&frame);
+                }
+                while let Some(record) = near.poll_to_far() {
+                    emit(&record, &mut self.to_peer);
+                }
+            }
+            Half::Far(far) => {
+                while let Some(frame) = far.poll_to_server() {
+                    self.to_end.frame(&frame);
+                }
+                while let Some(record) = far.poll_to_near() {
+                    emit(&record, &mut self.to_peer);
+                }
+            }
+        }
+    }
+
+    /// Bytes to write to the end; say how many were written with [`Self::end_written`].
+    pub fn to_end(&self) -> &[u8] {
+        self.to_end.pending()
+    }
+
+    pub fn end_written(&mut self, n: usize) {
+        self.to_end.written(n);
+    }
+
+    /// Bytes to write to the peer; say how many were written with [`Self::peer_written`].
+    pub fn to_peer(&self) -> &[u8] {
+        self.to_peer.pending()
+    }
+
+    pub fn peer_written(&mut self, n: usize) {
+        self.to_peer.written(n);
+    }
+
+    /// Bytes near holds of far's answers for its client (0 at far).
+    pub fn held(&self) -> usize {
+        match &self.half {
+            Half::Near(near) => near.held_bytes(),
+            Half::Far(_) => 0,
+        }
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        match &self.half {
+            Half::Near(near) => near.stats(),
+            Half::Far(far) => far.stats(),
+        }
+    }
+}
+
+/// Appends `record`, framed, to `out`. Records come from frames, so they fit one.
+fn emit(record: &Record, out: &mut Outbox) {
+    let len = match record {
+        Record::Smb(p) | Record::Prefetched { answer: p, .. } => p.len() + 8,
+        _ => 64,
+    };
+    let bytes = out.reserve(FRAME_HEADER_LEN + len);
+    if record.emit(bytes).is_err() {
+        // A prediction's answer 8 bytes longer than a frame may be: impossible for an
+        // answer the server framed, and dropping it only costs the client a round trip.
+        debug_assert!(false, "a record longer than a frame");
+    }
+}
