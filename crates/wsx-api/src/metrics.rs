@@ -22,6 +22,11 @@
 //! | `wsx_smb_sessions_total` | | sessions to TCP 445 watched as SMB |
 //! | `wsx_smb_unsigned_total` | | of those, connected to a share with nothing signed or encrypted so far (one signed later counts here and under `passed_through`) |
 //! | `wsx_smb_reads_total`, `wsx_smb_read_bytes_total`, `wsx_smb_reads_alone_total` | | READs in the sessions watched (until a session passed through), the bytes asked, and those sent with no other READ of their session in flight |
+//! | `wsx_smb_engine_sessions_total` | | sessions this gateway ran its half of the read-ahead engine on |
+//! | `wsx_smb_prefetched_total`, `wsx_smb_prefetched_bytes_total` | | READs far issued ahead of its peer's clients, and their bytes |
+//! | `wsx_smb_answered_locally_total` | | client READs near answered from what far sent ahead |
+//! | `wsx_smb_missed_total`, `wsx_smb_missed_bytes_total` | | predictions the client did not use, and their bytes |
+//! | `wsx_smb_held_bytes` | | bytes the engine holds now, all sessions |
 //! | `wsx_smb_passed_through_total` | `reason` | relayed byte for byte for good: `not_framed`, `smb1`, `dialect`, `signed`, `encrypted`, `compressed`, `malformed` |
 //! | `wsx_peer_up` | `peer` | 1 when a tunnel is established and the peer heard from |
 //! | `wsx_peer_bypass_forced` | `peer` | |
@@ -273,9 +278,45 @@ impl Collector for GatewayCollector {
                 "READs sent while no other READ of their session was in flight (each waits a round trip)",
                 smb.reads_alone,
             ),
+            (
+                "wsx_smb_engine_sessions",
+                "SMB sessions this gateway ran its half of the read-ahead engine on",
+                smb.engine_sessions,
+            ),
+            (
+                "wsx_smb_prefetched",
+                "READs this gateway issued ahead of its peer's SMB clients",
+                smb.prefetched,
+            ),
+            (
+                "wsx_smb_prefetched_bytes",
+                "Bytes those READs asked for",
+                smb.prefetched_bytes,
+            ),
+            (
+                "wsx_smb_answered_locally",
+                "Client READs this gateway answered from what its peer read ahead",
+                smb.answered_locally,
+            ),
+            (
+                "wsx_smb_missed",
+                "Predicted READs the client did not use",
+                smb.missed,
+            ),
+            (
+                "wsx_smb_missed_bytes",
+                "Bytes those predictions asked for, read for nothing",
+                smb.missed_bytes,
+            ),
         ] {
             family(&mut e, name, help, [counter(vec![], value)])?;
         }
+        family(
+            &mut e,
+            "wsx_smb_held_bytes",
+            "Bytes the SMB engine holds now, all sessions together",
+            [gauge(vec![], smb.held_bytes as f64)],
+        )?;
         family(
             &mut e,
             "wsx_smb_passed_through",

@@ -40,7 +40,8 @@ pub struct Status {
 }
 
 /// The SMB sessions in [`Status`]: every session to TCP port 445 through the tunnel of a
-/// peer with `smb` on is judged as the relay copies it. Its bytes are relayed unchanged.
+/// peer with `smb` on is judged as the relay copies it, and run through the read-ahead
+/// engine when both gateways run it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct Smb {
     /// Sessions watched.
@@ -61,6 +62,26 @@ pub struct Smb {
     pub read_bytes: u64,
     #[serde(default)]
     pub reads_alone: u64,
+    /// Sessions this gateway ran its half of the read-ahead engine on (both gateways run
+    /// it when both can; far reads ahead for unsigned sessions).
+    #[serde(default)]
+    pub engine_sessions: u64,
+    /// READs this gateway (far) issued ahead of its peer's clients, and their bytes.
+    #[serde(default)]
+    pub prefetched: u64,
+    #[serde(default)]
+    pub prefetched_bytes: u64,
+    /// Client READs this gateway (near) answered from what far sent ahead.
+    #[serde(default)]
+    pub answered_locally: u64,
+    /// Predictions the client did not use, and their bytes: read for nothing.
+    #[serde(default)]
+    pub missed: u64,
+    #[serde(default)]
+    pub missed_bytes: u64,
+    /// Bytes the engine holds now, all sessions together.
+    #[serde(default)]
+    pub held_bytes: u64,
 }
 
 impl Smb {
@@ -76,6 +97,13 @@ impl Smb {
             reads: s.reads,
             read_bytes: s.read_bytes,
             reads_alone: s.reads_alone,
+            engine_sessions: s.engine_sessions,
+            prefetched: s.prefetched,
+            prefetched_bytes: s.prefetched_bytes,
+            answered_locally: s.answered_locally,
+            missed: s.missed,
+            missed_bytes: s.missed_bytes,
+            held_bytes: s.held_bytes,
         }
     }
 }

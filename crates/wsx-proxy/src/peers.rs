@@ -54,10 +54,14 @@ pub struct PeerConfig {
     /// cap (parity packets per data packet).
     pub fec: FecMode,
     pub fec_max_overhead: f64,
-    /// Watch the sessions to TCP port 445 through this peer's tunnel as SMB: each is judged
-    /// (unsigned, or passed through and why) and counted. Their bytes are relayed unchanged
-    /// either way.
+    /// SMB on the sessions to TCP port 445 through this peer's tunnel: each is judged
+    /// (unsigned, or passed through and why) and counted, and when the peer runs the
+    /// read-ahead engine too, both gateways run it on them: the unsigned sessions are read
+    /// ahead; the others cross unchanged.
     pub smb: bool,
+    /// How far ahead of a client reading a file this gateway reads for sessions the peer's
+    /// clients opened, per session (bytes; 0: none).
+    pub smb_read_ahead: u64,
 }
 
 /// The default deflate level: level 2 compresses text to a third at about 200 MiB/s a
@@ -79,6 +83,7 @@ impl PeerConfig {
             fec: FecMode::default(),
             fec_max_overhead: TransportConfig::default().fec_max_overhead,
             smb: true,
+            smb_read_ahead: crate::smb::DEFAULT_READ_AHEAD,
         }
     }
 }

@@ -17,10 +17,13 @@
 //!   abandoned transfer for a complete one. An end's own reset (many applications close
 //!   with a RST) is told apart from a failure: it travels as [`code::RESET`] and both
 //!   gateways log it as the session's end, not as an error.
+//! - **SMB**: a session whose gateways both run the read-ahead engine is relayed through
+//!   its half ([`Engine`], `copy_spliced`): the same ends, resets and counts, the engine
+//!   between the reads and the writes.
 
 use crate::buffers::{Buffer, RelayBuffers, SMALL};
 use crate::session::{Session, SessionState};
-use crate::smb::Watch;
+use crate::smb::{Engine, Watch};
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
@@ -137,9 +140,13 @@ pub(crate) async fn relay<C: Side, S: Side>(
     session: &Session,
     buffers: Buffers,
     idle_timeout: Duration,
-    mut watch: Option<Watch>,
+    smb: Smb,
     stop: impl std::future::Future<Output = Outcome>,
 ) -> Outcome {
+    let Smb {
+        mut watch,
+        mut engine,
+    } = smb;
     session.set_state(SessionState::Open);
     let outcome = {
         let mut c = Counted {
@@ -154,7 +161,15 @@ pub(crate) async fn relay<C: Side, S: Side>(
             counters: [&session.from_server, &session.traffic.from_server],
             side: "server",
         };
-        let copy = copy_both(&mut c, &mut s, &buffers, &mut watch);
+        let copy = async {
+            match &mut engine {
+                None => copy_both(&mut c, &mut s, &buffers, &mut watch).await,
+                Some(e) if e.end_is_client => {
+                    copy_spliced(&mut c, &mut s, e, &buffers, &mut watch).await
+                }
+                Some(e) => copy_spliced(&mut s, &mut c, e, &buffers, &mut watch).await,
+            }
+        };
         tokio::select! {
             result = copy => match result {
                 Ok(_) => Outcome::Complete,
@@ -174,6 +189,202 @@ pub(crate) async fn relay<C: Side, S: Side>(
     client.abort(code);
     server.abort(code);
     outcome
+}
+
+/// What a relay of an SMB session does besides copying.
+#[derive(Debug, Default)]
+pub(crate) struct Smb {
+    /// Judges and counts the session.
+    pub(crate) watch: Option<Watch>,
+    /// The engine half the relay runs the session through.
+    pub(crate) engine: Option<Engine>,
+}
+
+/// Bytes waiting to be written to one side beyond which the side that feeds them is not
+/// read: the spliced relay's backpressure.
+const SPLICE_LIMIT: usize = 1 << 20;
+
+/// [`copy_both`] through an engine half: `end` is the session's TCP end (its client at
+/// near, its server at far), `peer` the stream to the other gateway. Each side is read while
+/// what it feeds waits below [`SPLICE_LIMIT`]; a side's end is passed on once what it fed
+/// was written. `watch` sees the end's bytes both ways.
+async fn copy_spliced<E, P>(
+    end: &mut E,
+    peer: &mut P,
+    engine: &mut Engine,
+    buffers: &Buffers,
+    watch: &mut Option<Watch>,
+) -> io::Result<()>
+where
+    E: AsyncRead + AsyncWrite + Unpin,
+    P: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut at_end, mut at_peer) = (Way::default(), Way::default());
+    // The end's bytes travel toward the server at near (its end is the client).
+    let from_client = engine.end_is_client;
+    let invalid = |e: wsx_smb::engine::SpliceError| io::Error::new(io::ErrorKind::InvalidData, e);
+    poll_fn(|cx| {
+        loop {
+            let mut progress = false;
+            let splice = &mut engine.splice;
+            while !splice.to_end().is_empty() {
+                let Poll::Ready(n) = Pin::new(&mut *end).poll_write(cx, splice.to_end())? else {
+                    break;
+                };
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                if let Some(watch) = watch.as_mut() {
+                    watch.read(!from_client, &splice.to_end()[..n]);
+                }
+                splice.end_written(n);
+                (at_end.unflushed, progress) = (true, true);
+            }
+            while !splice.to_peer().is_empty() {
+                let Poll::Ready(n) = Pin::new(&mut *peer).poll_write(cx, splice.to_peer())? else {
+                    break;
+                };
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                splice.peer_written(n);
+                (at_peer.unflushed, progress) = (true, true);
+            }
+            // A side whose source ended, all it fed written, is ended in turn.
+            if at_peer.read_done && splice.to_end().is_empty() && !at_end.shut {
+                progress |= at_end.poll_shut(cx, &mut *end)?;
+            }
+            if at_end.read_done && splice.to_peer().is_empty() && !at_peer.shut {
+                progress |= at_peer.poll_shut(cx, &mut *peer)?;
+            }
+            if !at_end.read_done && splice.to_peer().len() < SPLICE_LIMIT {
+                if let Poll::Ready(data) = at_end.poll_read(cx, &mut *end, buffers)? {
+                    progress = true;
+                    if data.is_empty() {
+                        at_end.read_done = true;
+                        splice.end_finished();
+                    } else {
+                        if let Some(watch) = watch.as_mut() {
+                            watch.read(from_client, data);
+                        }
+                        splice.from_end(data).map_err(invalid)?;
+                    }
+                }
+            }
+            if !at_peer.read_done && splice.to_end().len() < SPLICE_LIMIT {
+                if let Poll::Ready(data) = at_peer.poll_read(cx, &mut *peer, buffers)? {
+                    progress = true;
+                    if data.is_empty() {
+                        at_peer.read_done = true;
+                        splice.peer_finished();
+                    } else {
+                        splice.from_peer(data).map_err(invalid)?;
+                    }
+                }
+            }
+            engine.count();
+            if at_end.shut && at_peer.shut {
+                return Poll::Ready(Ok(()));
+            }
+            if !progress {
+                at_end.poll_flushed(cx, &mut *end)?;
+                at_peer.poll_flushed(cx, &mut *peer)?;
+                return Poll::Pending;
+            }
+        }
+    })
+    .await
+}
+
+/// One side of a spliced relay: its read buffer, borrowed while data flows, and its state.
+struct Way {
+    small: [u8; SMALL],
+    large: Option<Buffer>,
+    read_done: bool,
+    /// Shut down for writing, the other side's end passed on.
+    shut: bool,
+    unflushed: bool,
+}
+
+impl Default for Way {
+    fn default() -> Self {
+        Self {
+            small: [0; SMALL],
+            large: None,
+            read_done: false,
+            shut: false,
+            unflushed: false,
+        }
+    }
+}
+
+impl Way {
+    /// Reads what `r` has (empty at its end); a read that fills the small buffer borrows a
+    /// large one for the next, and it goes back once nothing is ready.
+    fn poll_read<R: AsyncRead + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: &mut R,
+        buffers: &Buffers,
+    ) -> Poll<io::Result<&[u8]>> {
+        let buffer: &mut [u8] = match &mut self.large {
+            Some(large) => large,
+            None => &mut self.small,
+        };
+        let mut read = ReadBuf::new(buffer);
+        match Pin::new(r).poll_read(cx, &mut read) {
+            Poll::Ready(Ok(())) => {
+                let n = read.filled().len();
+                if n == SMALL && self.large.is_none() && buffers.size > SMALL {
+                    self.large = buffers.from.take(buffers.size);
+                    // What was read is in the small buffer still.
+                    return Poll::Ready(Ok(&self.small[..n]));
+                }
+                match &self.large {
+                    Some(large) => Poll::Ready(Ok(&large[..n])),
+                    None => Poll::Ready(Ok(&self.small[..n])),
+                }
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                self.large = None;
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Flushes and shuts down `w`; whether that completed.
+    fn poll_shut<W: AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        w: &mut W,
+    ) -> io::Result<bool> {
+        if let Poll::Ready(r) = Pin::new(&mut *w).poll_flush(cx) {
+            r?;
+            self.unflushed = false;
+            if let Poll::Ready(r) = Pin::new(w).poll_shutdown(cx) {
+                r?;
+                self.shut = true;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Flushes what was written since the last flush, if anything was.
+    fn poll_flushed<W: AsyncWrite + Unpin>(
+        &mut self,
+        cx: &mut Context<'_>,
+        w: &mut W,
+    ) -> io::Result<()> {
+        if self.unflushed
+            && let Poll::Ready(r) = Pin::new(w).poll_flush(cx)
+        {
+            r?;
+            self.unflushed = false;
+        }
+        Ok(())
+    }
 }
 
 /// Copies both ways until both directions ended (each end passed on as a shutdown), or one
@@ -660,7 +871,7 @@ mod tests {
                     size: 4096,
                 },
                 idle,
-                None,
+                Smb::default(),
                 std::future::pending(),
             )
             .await

@@ -513,6 +513,18 @@ fn status_table(s: &Status) {
                 s.smb.reads_alone
             );
         }
+        if s.smb.engine_sessions > 0 {
+            println!(
+                "SMB read-ahead  {} sessions; {} READs ahead ({}), {} answered here, {} missed ({}); holding {}",
+                s.smb.engine_sessions,
+                s.smb.prefetched,
+                human_bytes(s.smb.prefetched_bytes),
+                s.smb.answered_locally,
+                s.smb.missed,
+                human_bytes(s.smb.missed_bytes),
+                human_bytes(s.smb.held_bytes)
+            );
+        }
     }
     let t = &s.totals;
     println!(

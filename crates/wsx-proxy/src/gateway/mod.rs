@@ -397,6 +397,8 @@ fn bind_tunnel(
         .stream_send_buffer
         .min(transport.connection_send_buffer);
     transport.stream_window = transport.stream_window.min(transport.connection_window);
+    // Every gateway runs the SMB engine on a stream its peer marks for it.
+    transport.app_extensions |= crate::smb::EXTENSION;
     let mut endpoint = EndpointConfig::new(
         config.secret.clone(),
         config.peers.iter().map(|p| p.public_key).collect(),

@@ -18,7 +18,7 @@ use crate::relay::{self, Outcome, Side, code};
 use crate::routing::{self, Candidate, Decision};
 use crate::session::{Ending, Entry, Route, Session, SessionState};
 use crate::shaping::{Class, FlowGuard, Shaped};
-use crate::smb::{self, Watch};
+use crate::smb::{self, Engine, Watch};
 use crate::sys::{self, LanSocketOptions};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -102,6 +102,7 @@ impl Inner {
             stream,
             flow,
             smb,
+            engine,
         } = match carrier {
             Ok(carrier) => {
                 if carrier.stream.is_some() {
@@ -136,8 +137,12 @@ impl Inner {
                         return;
                     }
                     hold_to(&tcp, flow.as_ref());
-                    let watch = self.smb_watch(smb, destination.port());
-                    self.relay(&session, tcp, stream, watch).await
+                    let engine = engine.then(|| Engine::near(self.smb.clone()));
+                    let smb = relay::Smb {
+                        watch: self.smb_watch(smb, destination.port()),
+                        engine,
+                    };
+                    self.relay(&session, tcp, stream, smb).await
                 }
                 // Direct, and for an intercepted client still from its address (not its
                 // port: that 4-tuple is the connection intercepted here; see `sys`).
@@ -223,10 +228,19 @@ impl Inner {
                 peer,
                 tunnel: Via { tunnel, codec, smb },
             } => {
+                // The peer runs the read-ahead engine too: the stream carries its records.
+                let engine = smb
+                    && destination.port() == smb::PORT
+                    && tunnel.peer_app_extensions() & smb::EXTENSION != 0;
                 let meta = StreamMeta {
                     source: Some(client.0),
                     destination: Some(destination.clone()),
                     transparent,
+                    hint: if engine {
+                        smb::HINT.to_vec()
+                    } else {
+                        Vec::new()
+                    },
                     ..StreamMeta::default()
                 };
                 match tunnel.open(meta) {
@@ -236,6 +250,7 @@ impl Inner {
                         route: Route::Tunnel,
                         stream: Some(Chunked::new(stream, codec)),
                         smb,
+                        engine,
                     }),
                     Err(e) => {
                         debug!(error = %e, %peer, "no stream; bypassing");
@@ -296,9 +311,13 @@ impl Inner {
                         let buffer = usize::try_from(flow.buffer()).unwrap_or(usize::MAX);
                         let buffer = buffer.min(config.sessions.relay_buffer);
                         let server = Shaped::new(server, flow);
-                        self.relay_with(session, tcp, server, buffer, None).await
+                        self.relay_with(session, tcp, server, buffer, relay::Smb::default())
+                            .await
                     }
-                    None => self.relay(session, tcp, server, None).await,
+                    None => {
+                        self.relay(session, tcp, server, relay::Smb::default())
+                            .await
+                    }
                 })
             }
             Err(e) => {
@@ -321,7 +340,7 @@ impl Inner {
         mut stream: Stream,
     ) {
         let (codec, config) = (peer.codec(), peer.config());
-        let (peer, smb) = (config.name, config.smb);
+        let (peer, smb, read_ahead) = (config.name, config.smb, config.smb_read_ahead);
         let meta = stream.meta().clone();
         let (Some(source), Some(destination)) = (meta.source, meta.destination.clone()) else {
             stream.reset(code::REJECTED);
@@ -390,8 +409,17 @@ impl Inner {
                     hold_to(&server, flow.as_ref());
                     info!("session opened");
                     let stream = Chunked::new(stream, codec);
-                    let watch = self.smb_watch(smb, destination.port());
-                    let outcome = self.relay(&session, stream, server, watch).await;
+                    // The peer's client side runs near: this gateway runs far (reading
+                    // ahead only for a peer with `smb` on).
+                    let engine = (meta.hint == smb::HINT).then(|| {
+                        let window = if smb { read_ahead } else { 0 };
+                        Engine::far(window, self.smb.clone())
+                    });
+                    let smb = relay::Smb {
+                        watch: self.smb_watch(smb, destination.port()),
+                        engine,
+                    };
+                    let outcome = self.relay(&session, stream, server, smb).await;
                     self.log_outcome(&session, outcome);
                 }
                 Err(e) => {
@@ -435,17 +463,16 @@ impl Inner {
     }
 
     /// Relays a session's two sides until they end, it idles out, the operator kills it or
-    /// the drain deadline passes; `watch` observes it.
+    /// the drain deadline passes; `smb` watches it and runs its engine half.
     async fn relay(
         &self,
         session: &Session,
         client: impl Side,
         server: impl Side,
-        watch: Option<Watch>,
+        smb: relay::Smb,
     ) -> Outcome {
         let buffer = self.config().sessions.relay_buffer;
-        self.relay_with(session, client, server, buffer, watch)
-            .await
+        self.relay_with(session, client, server, buffer, smb).await
     }
 
     /// [`Self::relay`] with buffers of `buffer` bytes each way.
@@ -455,7 +482,7 @@ impl Inner {
         client: impl Side,
         server: impl Side,
         buffer: usize,
-        watch: Option<Watch>,
+        smb: relay::Smb,
     ) -> Outcome {
         let config = self.config();
         let buffers = relay::Buffers {
@@ -468,7 +495,7 @@ impl Inner {
             session,
             buffers,
             config.sessions.idle_timeout,
-            watch,
+            smb,
             async {
                 session.kill.cancelled().await;
                 if self.kill.is_cancelled() {
@@ -505,6 +532,8 @@ struct Carrier {
     flow: Option<FlowGuard>,
     /// The peer watches sessions to port 445 as SMB (`smb`; tunnel only).
     smb: bool,
+    /// The stream carries the read-ahead engine's records: this gateway runs near.
+    engine: bool,
 }
 
 impl Carrier {
@@ -516,6 +545,7 @@ impl Carrier {
             stream: None,
             flow: None,
             smb: false,
+            engine: false,
         }
     }
 }

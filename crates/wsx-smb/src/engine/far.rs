@@ -510,8 +510,9 @@ impl Far {
     /// The client used ids a prediction had: every outstanding prediction is lost (their
     /// ids are spent at the server) and their files' read-ahead stops.
     fn missed(&mut self) {
-        for (_, (file_id, _)) in std::mem::take(&mut self.predictions) {
+        for (_, (file_id, key)) in std::mem::take(&mut self.predictions) {
             self.stats.missed += 1;
+            self.stats.missed_bytes += u64::from(key.length);
             if let Some(file) = self.files.get_mut(&file_id) {
                 file.stopped = true;
             }
@@ -544,6 +545,11 @@ impl Far {
         self.stop_all();
         self.to_server.extend(self.blocked.drain(..));
         true
+    }
+
+    /// Bytes far holds: client frames waiting for the server's credits.
+    pub fn held_bytes(&self) -> usize {
+        self.blocked.iter().map(Vec::len).sum()
     }
 
     /// The next frame payload for the server.

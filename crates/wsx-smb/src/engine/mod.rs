@@ -80,8 +80,10 @@ pub struct EngineStats {
     pub prefetched_bytes: u64,
     /// READs near answered from them.
     pub answered_locally: u64,
-    /// Predictions the client did not use (their ids were burned at the server).
+    /// Predictions the client did not use (their ids were burned at the server), and the
+    /// bytes they asked for: read from the server for nothing.
     pub missed: u64,
+    pub missed_bytes: u64,
     /// Client requests far gave a fresh MessageId because a prediction had used theirs.
     pub remapped: u64,
 }

@@ -59,6 +59,10 @@ impl Outbox {
     fn written(&mut self, n: usize) {
         self.at = (self.at + n).min(self.bytes.len());
         if self.at == self.bytes.len() {
+            // Emptied: a burst's room goes back unless it is small.
+            if self.bytes.capacity() > 256 << 10 {
+                self.bytes = Vec::new();
+            }
             self.bytes.clear();
             self.at = 0;
         }
@@ -275,12 +279,19 @@ impl Splice {
         self.to_peer.written(n);
     }
 
-    /// Bytes near holds of far's answers for its client (0 at far).
+    /// Bytes the splice holds: frames being read, bytes waiting to be written, and what
+    /// the engine keeps (near: far's answers for its client; far: client frames waiting
+    /// for credits).
     pub fn held(&self) -> usize {
-        match &self.half {
+        let engine = match &self.half {
             Half::Near(near) => near.held_bytes(),
-            Half::Far(_) => 0,
-        }
+            Half::Far(far) => far.held_bytes(),
+        };
+        engine
+            + self.from_end.held()
+            + self.from_peer.held()
+            + self.to_end.bytes.capacity()
+            + self.to_peer.bytes.capacity()
     }
 
     pub fn stats(&self) -> EngineStats {

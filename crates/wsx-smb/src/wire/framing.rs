@@ -248,6 +248,11 @@ impl Frames {
         self.header_len == 0
     }
 
+    /// Bytes held for the frame being read: room for all of it once its header is in.
+    pub fn held(&self) -> usize {
+        self.header_len + self.payload.capacity()
+    }
+
     /// What arrived of a frame not yet whole, framing header included, and a fresh start.
     pub fn take_partial(&mut self) -> Vec<u8> {
         let mut partial = self.header[..self.header_len].to_vec();

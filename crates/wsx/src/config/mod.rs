@@ -164,9 +164,13 @@ pub(crate) struct Peer {
     pub(crate) fec: Fec,
     #[serde(default = "default_fec_max_overhead")]
     pub(crate) fec_max_overhead: Spanned<f64>,
-    /// Watch sessions to TCP 445 through this peer as SMB (judged and counted).
+    /// SMB on sessions to TCP 445 through this peer: judged, counted and, when the peer
+    /// runs the engine too, read ahead if unsigned.
     #[serde(default = "yes")]
     pub(crate) smb: bool,
+    /// How far ahead of a client this gateway reads, per session, for the peer's clients.
+    #[serde(default = "default_smb_read_ahead_mib")]
+    pub(crate) smb_read_ahead_mib: Spanned<u64>,
 }
 
 /// `[[forward]]`: connections to `listen` go through `peer`, whose gateway connects to `to`.
@@ -316,11 +320,18 @@ fn default_route_table() -> u32 {
 fn default_rule_priority() -> u32 {
     InterceptConfig::default().rule_priority
 }
+/// The most an operator may let far read ahead of one SMB client: four times what a
+/// 10 Gbit/s path of 50 ms holds.
+const MAX_SMB_READ_AHEAD_MIB: u64 = 256;
+
 fn yes() -> bool {
     true
 }
 fn default_compression_level() -> Spanned<u32> {
     Spanned::new(0..0, wsx_proxy::DEFAULT_COMPRESSION_LEVEL)
+}
+fn default_smb_read_ahead_mib() -> Spanned<u64> {
+    Spanned::new(0..0, wsx_proxy::DEFAULT_SMB_READ_AHEAD >> 20)
 }
 fn default_fec_max_overhead() -> Spanned<f64> {
     Spanned::new(
@@ -681,6 +692,15 @@ impl Loaded {
             }
             peer.fec_max_overhead = overhead;
             peer.smb = p.smb;
+            let read_ahead = *p.smb_read_ahead_mib.get_ref();
+            if read_ahead > MAX_SMB_READ_AHEAD_MIB {
+                return Err(self.error(
+                    Some(p.smb_read_ahead_mib.span().start),
+                    format!("peer[{i}].smb_read_ahead_mib"),
+                    format!("0 (none) to {MAX_SMB_READ_AHEAD_MIB}"),
+                ));
+            }
+            peer.smb_read_ahead = read_ahead << 20;
             gateway.peers.push(peer);
         }
         for (i, f) in c.forwards.iter().enumerate() {
@@ -968,6 +988,16 @@ fec = "off"
         assert!(!parse(&peer("smb = false")).unwrap().peers[0].smb);
         let e = parse(&peer("smb = 1")).unwrap_err().to_string();
         assert!(e.starts_with("wsx.toml:6:7: "), "{e}");
+        assert_eq!(c.peers[0].smb_read_ahead, 8 << 20);
+        let c = parse(&peer("smb_read_ahead_mib = 0")).unwrap();
+        assert_eq!(c.peers[0].smb_read_ahead, 0);
+        let e = parse(&peer("smb_read_ahead_mib = 257"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "wsx.toml:6:22: peer[0].smb_read_ahead_mib: 0 (none) to 256"
+        );
         let e = parse(&peer("compression_level = 0"))
             .unwrap_err()
             .to_string();
