@@ -2,8 +2,10 @@
 //! configuration) in the server's, intercepted at gw-a and carried through the tunnel. Every
 //! file read or written is checked by SHA-256; each session is judged by both gateways'
 //! observers as the kind it is (guest sessions unsigned, signed and encrypted ones passed
-//! through), and gw-a's API, metrics and `wsx status` count them and their READs.
-//! Needs root and Samba (`cargo xtask test` installs it).
+//! through), and gw-a's API, metrics and `wsx status` count them and their READs. Both
+//! gateways run the read-ahead engine on every session; a client that keeps one READ
+//! outstanding (smbprotocol) is read ahead of.
+//! Needs root, Samba and smbprotocol (`cargo xtask test` installs them).
 
 // Test code: an unwrap here is an assertion.
 #![allow(clippy::unwrap_used)]
@@ -130,6 +132,13 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
     assert_eq!(smb["passed_through"]["signed"], 1, "{smb}");
     assert_eq!(smb["passed_through"]["encrypted"], 1, "{smb}");
     assert_eq!(smb["passed_through"]["malformed"], 0, "{smb}");
+    // Both gateways ran the engine on every session: signed and encrypted ones crossed it
+    // intact (checked above), the unsigned ones were its to read ahead.
+    assert_eq!(smb["engine_sessions"], 5, "{smb}");
+    assert_eq!(
+        smb["held_bytes"], 0,
+        "every session's engine gave its memory back: {smb}"
+    );
     eprintln!("SMB totals: {smb}");
     // The two guest reads (the other sessions passed through before reading): every byte
     // of the file asked for, and the first READ of each session sent alone.
@@ -171,4 +180,102 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
     );
     // smbclient's READ sizes depend on its version and credits: only that the line is there.
     assert!(text.contains("SMB reads       "), "{text}");
+}
+
+/// A client that keeps one READ outstanding (smbprotocol's, as the benchmark runs it)
+/// reads two files in one session across the lab's WAN (40 ms): both arrive whole (SHA-256), far
+/// (gw-b) read ahead of it and near (gw-a) answered most READs without a round trip; and
+/// a file rewritten between two sessions is read as it is now, not as it was.
+#[test]
+fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
+    let python = std::env::var_os("WSX_SMB_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "set WSX_SMB_PYTHON to a Python with smbprotocol (cargo xtask test installs one)"
+            )
+        });
+    // 40 ms, 0.5 % loss, 100 Mbit/s.
+    let lab = wsx_e2e::gateway_lab();
+    let dir = wsx_e2e::config_dir(&lab);
+    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
+    let api = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
+    let gw_a = Daemon::start(&lab, Node::GwA, &dir, &(c.gw_a + &api));
+    let gw_b = Daemon::start(&lab, Node::GwB, &dir, &(c.gw_b + &api));
+    gw_a.wait_for("API listening", Duration::from_secs(10));
+    gw_b.wait_for("API listening", Duration::from_secs(10));
+    wait_for_tunnel(&gw_a, &gw_b, 1);
+    let servers = [addr::server(false), addr::server(true)];
+    let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
+    let script = dir.join("smb_read.py");
+    std::fs::write(&script, include_str!("../../xtask/src/smb_read.py")).unwrap();
+    // Reads `names` in one session over `ip`; the SHA-256 of all their bytes in order.
+    let read = |ip: std::net::IpAddr, names: &[&str]| -> (String, usize) {
+        let out = lab
+            .command(Node::Client, &python)
+            .arg(&script)
+            .args([
+                &ip.to_string(),
+                "pub",
+                "65536",
+                "0x0210",
+                "root",
+                Samba::PASSWORD,
+            ])
+            .args(names)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the SMB client: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["signing"], false, "{report}");
+        (
+            report["sha256"].as_str().unwrap().to_owned(),
+            report["reads"].as_u64().unwrap() as usize,
+        )
+    };
+    let hex = |d: Vec<u8>| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let (first, second) = (pseudo_random(5_000_000, 51), pseudo_random(1_234_567, 52));
+    std::fs::write(samba.share_dir().join("first.bin"), &first).unwrap();
+    std::fs::write(samba.share_dir().join("second.bin"), &second).unwrap();
+    let (digest, reads) = read(servers[0], &["first.bin", "second.bin"]);
+    assert_eq!(digest, hex(sha256(&[first.clone(), second].concat())));
+    // The file changes between sessions: the next read gets the new bytes, over IPv6.
+    let changed = pseudo_random(5_000_000, 53);
+    std::fs::write(samba.share_dir().join("first.bin"), &changed).unwrap();
+    let (digest, _) = read(servers[1], &["first.bin"]);
+    assert_eq!(digest, hex(sha256(&changed)));
+
+    for gw in [&gw_a, &gw_b] {
+        gw.wait_for_count("session closed", 2, Duration::from_secs(10));
+    }
+    let smb = |node| {
+        let (status, body) =
+            wsx_e2e::api_request(&lab, node, (API, TOKEN), ("GET", "/api/v1/status"), None);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()["smb"].clone()
+    };
+    let (near, far) = (smb(Node::GwA), smb(Node::GwB));
+    eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
+    assert_eq!(near["engine_sessions"], 2, "{near}");
+    assert_eq!(far["engine_sessions"], 2, "{far}");
+    assert_eq!(near["unsigned"], 2, "{near}");
+    // 96 READs of 64 KiB in the first session: all but each file's first few are answered
+    // at gw-a from what gw-b read ahead.
+    let answered = near["answered_locally"].as_u64().unwrap();
+    assert!(reads >= 96, "{reads}");
+    assert!(
+        answered >= 80,
+        "{answered} of {reads} READs answered locally: {near}"
+    );
+    assert!(far["prefetched"].as_u64().unwrap() >= answered, "{far}");
+    assert_eq!(
+        far["missed"], 0,
+        "a sequential reader uses every prediction: {far}"
+    );
+    assert_eq!(near["held_bytes"], 0, "{near}");
+    assert_eq!(far["held_bytes"], 0, "{far}");
 }

@@ -25,7 +25,7 @@ use wsx_lab::traffic::{Payload, PayloadKind};
 use wsx_lab::{Lab, Node, WanSpec, addr};
 
 /// The smbprotocol release the client was written against.
-const SMBPROTOCOL: &str = "smbprotocol==1.17.0";
+pub(crate) const SMBPROTOCOL: &str = "smbprotocol==1.17.0";
 
 /// The client that reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

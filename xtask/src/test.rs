@@ -37,6 +37,7 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
     host::ensure(host::TESTS)?;
     let schemathesis = host::python_tool(SCHEMATHESIS)?.join("bin/schemathesis");
     let selenium = host::python_tool(SELENIUM)?.join("bin/python");
+    let smb_python = host::python_tool(crate::smb::SMBPROTOCOL)?.join("bin/python");
     for ns in wsx_lab::clean(false)? {
         println!("removed leftover namespace {ns}");
     }
@@ -66,6 +67,7 @@ pub(crate) fn run(args: &TestArgs) -> Result<()> {
         .args(&args.cargo_args)
         .env("WSX_SCHEMATHESIS", &schemathesis)
         .env("WSX_SELENIUM_PYTHON", &selenium)
+        .env("WSX_SMB_PYTHON", &smb_python)
         .env("WSX_DEB", &deb)
         .current_dir(&root)
         .status()?;

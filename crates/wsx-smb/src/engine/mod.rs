@@ -66,6 +66,18 @@ impl ReadKey {
     }
 }
 
+impl ReadKey {
+    /// Whether a prediction with this key answers a READ with `asked`: the same in every
+    /// field but the length, which may be shorter (the answer is then cut to it).
+    pub fn covers(&self, asked: &ReadKey) -> bool {
+        asked.length <= self.length
+            && ReadKey {
+                length: self.length,
+                ..*asked
+            } == *self
+    }
+}
+
 /// Credits a request of `charge` consumes: a CreditCharge of 0 (SMB 2.0.2) counts one.
 fn charge_of(credit_charge: u16) -> u64 {
     u64::from(credit_charge.max(1))

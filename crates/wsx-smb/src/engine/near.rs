@@ -1,6 +1,8 @@
 //! Near: the client's gateway. It relays the client's frames to far, except a READ that
-//! matches an announced prediction field by field: that one it answers with the server's
-//! own answer (at once if it is in, or as soon as it comes) and tells far it was used.
+//! matches an announced prediction field by field (but for a length no longer than the
+//! prediction's: a client that asks for just what is left at a file's end): that one it
+//! answers with the server's own answer, cut to the length asked (at once if it is in, or
+//! as soon as it comes), and tells far it was used.
 //! Any other request that uses an announced MessageId ends that prediction (far will see
 //! the same id and give the request a fresh one), and a request that may change a file
 //! (WRITE, SET_INFO, FLUSH, LOCK, IOCTL, CLOSE) or an oplock break ends them all (their
@@ -9,8 +11,8 @@
 //! the READ is answered when its answer comes).
 
 use super::{EngineStats, ReadKey, Record, charge_of};
-use crate::wire::header::{Command, Messages};
-use crate::wire::messages::ReadRequest;
+use crate::wire::header::{Command, HEADER_LEN, Messages, status};
+use crate::wire::messages::{ReadRequest, ReadResponse};
 use std::collections::{HashMap, VecDeque};
 
 /// A prediction far announced.
@@ -19,8 +21,8 @@ struct Announced {
     key: ReadKey,
     /// The server's answer, once in.
     answer: Option<Vec<u8>>,
-    /// The client asked for it before the answer came.
-    asked: bool,
+    /// The client asked for it (this many bytes) before the answer came.
+    asked: Option<u32>,
 }
 
 /// The client's half of the engine; see the module documentation.
@@ -44,14 +46,14 @@ impl Near {
     pub fn from_client(&mut self, frame: Vec<u8>) {
         if let Some((message_id, key)) = single_read(&frame)
             && let Some(a) = self.announced.get_mut(&message_id)
-            && a.key == key
+            && a.key.covers(&key)
         {
             match a.answer.take() {
                 Some(answer) => {
                     self.announced.remove(&message_id);
-                    self.answer(message_id, answer);
+                    self.answer(message_id, answer, key.length);
                 }
-                None => a.asked = true,
+                None => a.asked = Some(key.length),
             }
             return;
         }
@@ -62,7 +64,7 @@ impl Near {
             && self
                 .announced
                 .get(&header.message_id)
-                .is_some_and(|a| a.asked)
+                .is_some_and(|a| a.asked.is_some())
         {
             return;
         }
@@ -88,13 +90,14 @@ impl Near {
             }
             let first = header.message_id;
             for id in first..first.saturating_add(charge_of(header.credit_charge).min(256)) {
-                if self.announced.get(&id).is_some_and(|a| !a.asked) {
+                if self.announced.get(&id).is_some_and(|a| a.asked.is_none()) {
                     self.announced.remove(&id);
                 }
             }
         }
         let next = self.client_next;
-        self.announced.retain(|&id, a| a.asked || id >= next);
+        self.announced
+            .retain(|&id, a| a.asked.is_some() || id >= next);
         self.to_far.push_back(Record::Smb(frame));
     }
 
@@ -115,17 +118,18 @@ impl Near {
                     Announced {
                         key,
                         answer: None,
-                        asked: false,
+                        asked: None,
                     },
                 );
             }
             Record::Prefetched { message_id, answer } => {
                 if let Some(a) = self.announced.get_mut(&message_id) {
-                    if a.asked {
-                        self.announced.remove(&message_id);
-                        self.answer(message_id, answer);
-                    } else {
-                        a.answer = Some(answer);
+                    match a.asked {
+                        Some(length) => {
+                            self.announced.remove(&message_id);
+                            self.answer(message_id, answer, length);
+                        }
+                        None => a.answer = Some(answer),
                     }
                 }
             }
@@ -136,10 +140,14 @@ impl Near {
 
     /// Ends every prediction the client has not asked for yet.
     fn drop_unasked(&mut self) {
-        self.announced.retain(|_, a| a.asked);
+        self.announced.retain(|_, a| a.asked.is_some());
     }
 
-    fn answer(&mut self, message_id: u64, answer: Vec<u8>) {
+    /// Answers the client's READ `message_id` of `length` bytes with `answer`, the answer
+    /// to the prediction, cut to `length` bytes of data (what the server gives a READ
+    /// shorter than the file's rest).
+    fn answer(&mut self, message_id: u64, mut answer: Vec<u8>, length: u32) {
+        cut(&mut answer, length);
         self.stats.answered_locally += 1;
         self.to_client.push_back(answer);
         self.to_far.push_back(Record::Consumed { message_id });
@@ -165,6 +173,31 @@ impl Near {
 
     pub fn stats(&self) -> EngineStats {
         self.stats
+    }
+}
+
+/// Cuts a successful READ answer's data to `length` bytes.
+fn cut(answer: &mut Vec<u8>, length: u32) {
+    let Some((header, _)) = Messages::new(answer).next() else {
+        return;
+    };
+    let body = HEADER_LEN..HEADER_LEN + ReadResponse::LEN;
+    if header.status != status::SUCCESS {
+        return;
+    }
+    let Some(mut read) = answer
+        .get(body.clone())
+        .and_then(|b| ReadResponse::parse(b).ok())
+    else {
+        return;
+    };
+    if read.data_length <= length {
+        return;
+    }
+    read.data_length = length;
+    let end = usize::from(read.data_offset) + length as usize;
+    if end <= answer.len() && read.emit(&mut answer[body]).is_some() {
+        answer.truncate(end);
     }
 }
 

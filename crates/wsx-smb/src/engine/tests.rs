@@ -196,6 +196,8 @@ struct Client {
     write_after: Option<usize>,
     /// Credits the client asks for in its SESSION_SETUP: its window from then on.
     setup_credits: u16,
+    /// Asks for no more than the file's rest (smbprotocol does; smbclient asks whole).
+    trim_last: bool,
     /// Instead of reading the file through: these requests, one at a time, each READ's
     /// answer checked against `expect` (the file).
     script: Option<(VecDeque<Op>, Vec<u8>)>,
@@ -227,10 +229,16 @@ impl Client {
 
     fn read_request(&mut self) -> Vec<u8> {
         let mut body = [0; ReadRequest::LEN];
+        let length = if self.trim_last && self.script.is_none() {
+            let rest = self.end_of_file.saturating_sub(self.offset);
+            self.read_len.min(u32::try_from(rest).unwrap_or(u32::MAX))
+        } else {
+            self.read_len
+        };
         ReadRequest {
             padding: 0x50,
             flags: 0,
-            length: self.read_len,
+            length,
             offset: self.offset,
             file_id: FILE,
             minimum_count: 0,
@@ -465,6 +473,7 @@ fn parties(len: usize, read_len: u32) -> (Client, Server) {
         echo_after: None,
         write_after: None,
         setup_credits: 64,
+        trim_last: false,
         script: None,
         scripted_read: None,
         violations: Vec::new(),
@@ -630,6 +639,18 @@ fn a_request_that_takes_a_predicted_id_is_given_a_fresh_one_and_read_ahead_stops
     check(&run);
     assert!(run.far.missed > 0, "{:?}", run.far);
     assert!(run.far.remapped > 0, "{:?}", run.far);
+}
+
+/// A client that asks for just the file's rest in its last READ gets it from the
+/// prediction, cut to that length, without a miss.
+#[test]
+fn a_shorter_last_read_is_answered_from_the_prediction_cut_to_its_length() {
+    let len = (1 << 20) + 12_345;
+    let run = run(len, 64 << 10, 100, 8 << 20, |c, _| c.trim_last = true);
+    check(&run);
+    assert_eq!(run.far.missed, 0, "{:?}", run.far);
+    // 17 READs, the first sent by the client itself.
+    assert_eq!(run.near.answered_locally, 16, "{:?}", run.near);
 }
 
 #[test]
@@ -854,4 +875,69 @@ fn a_bad_record_fails_and_a_cut_frame_goes_on_as_it_came() {
     near.from_peer(&[0, 0, 1]).unwrap();
     near.peer_finished();
     assert_eq!(near.to_end(), &[0, 0, 1]);
+}
+
+/// A READ shorter than its prediction gets the server's answer cut to its length (what
+/// the server gives it); a longer one is not the prediction's to answer and goes on to far.
+#[test]
+fn a_read_shorter_than_its_prediction_gets_the_answer_cut_to_its_length() {
+    let read = |length| ReadRequest {
+        padding: 0x50,
+        flags: 0,
+        length,
+        offset: 4096,
+        file_id: FILE,
+        minimum_count: 0,
+        channel: 0,
+        remaining_bytes: 0,
+        channel_info_offset: 0,
+        channel_info_length: 0,
+    };
+    let request = |length| {
+        let mut body = vec![0; ReadRequest::LEN];
+        read(length).emit(&mut body).unwrap();
+        message(&header(Command::READ, 9, 1, 1), &body)
+    };
+    let h = header(Command::READ, 9, 1, 1);
+    let mut body = vec![0; ReadResponse::LEN];
+    ReadResponse {
+        data_offset: 0x50,
+        data_length: 65536,
+        data_remaining: 0,
+        flags: 0,
+    }
+    .emit(&mut body)
+    .unwrap();
+    body.extend((0..65536u32).map(|i| (i * 7) as u8));
+    let answer = message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..h
+        },
+        &body,
+    );
+    for (asked, answered_here) in [(100, true), (65536, true), (65537, false)] {
+        let mut near = Near::new();
+        near.from_far(Record::Announce {
+            message_id: 9,
+            key: super::ReadKey::of(&h, &read(65536)),
+        });
+        near.from_far(Record::Prefetched {
+            message_id: 9,
+            answer: answer.clone(),
+        });
+        near.from_client(request(asked));
+        if !answered_here {
+            assert!(near.poll_to_client().is_none());
+            assert_eq!(near.poll_to_far(), Some(Record::Smb(request(asked))));
+            continue;
+        }
+        let got = near.poll_to_client().unwrap();
+        let r = ReadResponse::parse(&got[HEADER_LEN..]).unwrap();
+        assert_eq!(r.data_length, asked);
+        assert_eq!(got.len(), 0x50 + asked as usize);
+        assert_eq!(got[..HEADER_LEN], answer[..HEADER_LEN]);
+        assert_eq!(got[0x50..], answer[0x50..0x50 + asked as usize]);
+        assert_eq!(near.poll_to_far(), Some(Record::Consumed { message_id: 9 }));
+    }
 }
