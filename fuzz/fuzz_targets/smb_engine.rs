@@ -19,14 +19,14 @@ fuzz_target!(|data: &[u8]| {
             0 => near.from_client(bytes.to_vec()),
             1 => {
                 if let Some((&k, payload)) = bytes.split_first()
-                    && let Ok(record) = Record::parse(k % 4, payload)
+                    && let Ok(record) = Record::parse(k % 6, payload)
                 {
                     near.from_far(record);
                 }
             }
             2 => {
                 if let Some((&k, payload)) = bytes.split_first()
-                    && let Ok(record) = Record::parse(k % 4, payload)
+                    && let Ok(record) = Record::parse(k % 6, payload)
                 {
                     far.from_near(record);
                 }

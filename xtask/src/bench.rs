@@ -239,6 +239,10 @@ pub(crate) struct BenchArgs {
     /// The size of each READ of the one-READ client, KiB.
     #[arg(long, default_value_t = 64)]
     smb_read_kib: usize,
+    /// In the SMB cases, run wsx only with SMB on (by default it runs without, `smb =
+    /// false`, and with, each a case).
+    #[arg(long)]
+    smb_only: bool,
     /// The SMB dialect the client asks for in --smb-file-mib and --smb-files (hexadecimal,
     /// e.g. 0x0210 for 2.1, 0x0311 for 3.1.1).
     #[arg(long, default_value = "0x0210", value_parser = parse_dialect)]
@@ -646,19 +650,31 @@ fn run_smb(
     }
     let mut cases = Vec::new();
     for mode in modes {
+        // Through the gateways: without SMB (smb = false: relayed as any TCP session) and
+        // with it (the read-ahead engine), unless --smb-only.
+        let smb: &[bool] = match (mode.is_wsx(), args.smb_only) {
+            (false, _) => &[true],
+            (true, true) => &[true],
+            (true, false) => &[false, true],
+        };
         for wsx_binary in &wsx_binaries(args, mode) {
-            cases.push(SmbCase {
-                mode,
-                wan: args.wan.clone(),
-                ipv6: args.ipv6,
-                client,
-                files,
-                file_bytes,
-                read_bytes: args.smb_read_kib << 10,
-                dialect: args.smb_dialect,
-                gateways: request_settings(args, fecs(args)[0]),
-                wsx_binary: wsx_binary.clone(),
-            });
+            for &smb in smb {
+                cases.push(SmbCase {
+                    mode,
+                    wan: args.wan.clone(),
+                    ipv6: args.ipv6,
+                    client,
+                    files,
+                    file_bytes,
+                    read_bytes: args.smb_read_kib << 10,
+                    dialect: args.smb_dialect,
+                    gateways: Settings {
+                        smb,
+                        ..request_settings(args, fecs(args)[0])
+                    },
+                    wsx_binary: wsx_binary.clone(),
+                });
+            }
         }
     }
     let binary = crate::build_lab_binary()?;
@@ -675,6 +691,7 @@ fn request_settings(args: &BenchArgs, fec: Fec) -> Settings {
         shape_kbit: None,
         max_rate_mbit: args.max_rate_mbit,
         max_datagram: None,
+        smb: true,
     }
 }
 
@@ -726,6 +743,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             shape_kbit: args.shape_mbit.map(|m| (m * 1000.0).round() as u64),
             max_rate_mbit: args.max_rate_mbit,
             max_datagram: None,
+            smb: true,
         },
         veth_mtu: None,
         wsx_binary: None,

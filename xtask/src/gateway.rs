@@ -49,6 +49,13 @@ pub(crate) struct Settings {
     /// the default.
     #[serde(default)]
     pub(crate) max_datagram: Option<u16>,
+    /// SMB on the gateways' peers (`smb`): the observer and the read-ahead engine.
+    #[serde(default = "yes")]
+    pub(crate) smb: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for Settings {
@@ -59,6 +66,7 @@ impl Default for Settings {
             shape_kbit: None,
             max_rate_mbit: None,
             max_datagram: None,
+            smb: true,
         }
     }
 }
@@ -444,11 +452,12 @@ pub(crate) fn config_text(
     format!(
         "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n{max_rate}\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
          [[peer]]\nname = \"peer\"\npublic_key = \"{}\"\nendpoint = \"{endpoint}\"\nprefixes = {remote}\n\
-         compression = {}\nfec = \"{}\"\n\n[api]\nlisten = \"{API_LISTEN}\"\ntokens = [\"{API_TOKEN}\"]\n",
+         compression = {}\nfec = \"{}\"\nsmb = {}\n\n[api]\nlisten = \"{API_LISTEN}\"\ntokens = [\"{API_TOKEN}\"]\n",
         own.to_base64(),
         peer.public_key(),
         settings.compression,
         settings.fec.as_str(),
+        settings.smb,
     )
 }
 

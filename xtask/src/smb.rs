@@ -86,6 +86,15 @@ pub(crate) struct SmbRecord {
     pub(crate) signing: bool,
     /// What each gateway's observer judged the session (wsx mode).
     pub(crate) gateway_verdict: Option<String>,
+    /// The gateways ran SMB (`smb` on their peers; wsx mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) smb: Option<bool>,
+    /// READs gw-a answered from what gw-b read ahead, and the predictions gw-b's client
+    /// did not use (wsx mode with SMB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) answered_locally: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) missed: Option<u64>,
     pub(crate) cpu_s_gw_a: Option<f64>,
     pub(crate) cpu_s_gw_b: Option<f64>,
     /// The file read matched the file served (SHA-256), whole.
@@ -175,8 +184,10 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
     };
     let usage = match gateways {
         Some(g) => {
-            let smb = g.status(&lab, Node::GwA)?["smb"].clone();
-            Some((g.stop(&lab)?, verdict(&smb)))
+            let near = g.status(&lab, Node::GwA)?["smb"].clone();
+            let far = g.status(&lab, Node::GwB)?["smb"].clone();
+            let engine = (near["answered_locally"].as_u64(), far["missed"].as_u64());
+            Some((g.stop(&lab)?, verdict(&near), engine))
         }
         None => None,
     };
@@ -207,9 +218,21 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
         read_rtt: report.reads_s / reads / rtt_s,
         slowest_read_rtt: report.slowest_read_s / rtt_s,
         signing: report.signing,
-        gateway_verdict: usage.as_ref().map(|(_, v)| v.clone()),
-        cpu_s_gw_a: usage.as_ref().map(|([(a, _), _], _)| a.user_s + a.sys_s),
-        cpu_s_gw_b: usage.as_ref().map(|([_, (b, _)], _)| b.user_s + b.sys_s),
+        gateway_verdict: usage
+            .as_ref()
+            .filter(|_| case.gateways.smb)
+            .map(|(_, v, _)| v.clone()),
+        smb: usage.as_ref().map(|_| case.gateways.smb),
+        answered_locally: usage
+            .as_ref()
+            .filter(|_| case.gateways.smb)
+            .and_then(|(_, _, (near, _))| *near),
+        missed: usage
+            .as_ref()
+            .filter(|_| case.gateways.smb)
+            .and_then(|(_, _, (_, far))| *far),
+        cpu_s_gw_a: usage.as_ref().map(|([(a, _), _], _, _)| a.user_s + a.sys_s),
+        cpu_s_gw_b: usage.as_ref().map(|([_, (b, _)], _, _)| b.user_s + b.sys_s),
         verified: report.bytes == case.files * case.file_bytes && report.sha256 == want,
     })
 }
@@ -404,6 +427,14 @@ impl SmbRecord {
         (self.files > 1).then(|| self.read_s / self.files as f64 / (self.rtt_ms / 1e3))
     }
 
+    /// The system measured: the mode, and for wsx whether SMB was on.
+    fn system(&self) -> String {
+        match self.smb {
+            Some(false) => format!("{} (no SMB)", self.mode.label()),
+            _ => self.mode.label().to_owned(),
+        }
+    }
+
     fn summary(&self) -> String {
         let per_read = if self.reads > 0 {
             format!(
@@ -417,8 +448,8 @@ impl SmbRecord {
             format!(", {:.1} files/s ({rtt:.2} RTT each)", self.files_per_s)
         });
         format!(
-            "{}: {} ms {} % {} Mbit/s, {} ({}): {:.2} Mbit/s{per_file}{per_read}, setup {:.2} s{}{}",
-            self.mode.label(),
+            "{}: {} ms {} % {} Mbit/s, {} ({}): {:.2} Mbit/s{per_file}{per_read}, setup {:.2} s{}{}{}",
+            self.system(),
             self.rtt_ms,
             self.loss_pct,
             self.rate_mbit,
@@ -429,6 +460,10 @@ impl SmbRecord {
             self.gateway_verdict
                 .as_ref()
                 .map_or(String::new(), |v| format!(", gateways: {v}")),
+            self.answered_locally.map_or(String::new(), |n| format!(
+                ", {n} READs answered at gw-a, {} missed",
+                self.missed.unwrap_or(0)
+            )),
             if self.verified { "" } else { " NOT VERIFIED" },
         )
     }
@@ -451,7 +486,7 @@ fn markdown_table(records: &[SmbRecord]) -> String {
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {} | {} | {} | {} | {} | {} |",
-            r.mode.label(),
+            r.system(),
             r.rtt_ms,
             r.loss_pct,
             r.rate_mbit,

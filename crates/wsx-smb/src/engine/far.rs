@@ -29,7 +29,7 @@
 //!   credits added to the final one, which is made synchronous (the client never saw the
 //!   interim): what near hands the client is what the server would have sent it.
 
-use super::{EngineStats, ReadKey, Record, charge_of};
+use super::{EngineStats, ReadKey, Record, charge_of, single_read};
 use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::{MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
@@ -49,11 +49,22 @@ pub const MAX_PREDICTIONS: usize = 1024;
 enum Pending {
     /// The client's, with the id the client gave it.
     Client { client_id: u64, command: Command },
-    /// A prediction for the client's id `client_id`; credits of its interim answers.
+    /// A prediction for the client's id `client_id`; credits of its interim answers; the
+    /// length the client's own READ asked, if it crossed the announcement (its answer then
+    /// goes to near as the server's answer to that READ, cut to it).
     Prediction {
         client_id: u64,
         interim_credits: u16,
+        claimed: Option<Claimed>,
     },
+}
+
+/// A prediction a client READ crossed: the prediction, and the length the READ asked.
+#[derive(Debug, Clone, Copy)]
+struct Claimed {
+    file_id: FileId,
+    key: ReadKey,
+    length: u32,
 }
 
 /// A file the client opened.
@@ -141,7 +152,7 @@ impl Far {
                 }
             }
             // Only near is told these.
-            Record::Announce { .. } | Record::Prefetched { .. } => {}
+            Record::Announce { .. } | Record::Prefetched { .. } | Record::Withdrawn { .. } => {}
         }
         self.read_ahead();
     }
@@ -165,14 +176,15 @@ impl Far {
                 Some(Pending::Prediction {
                     client_id,
                     interim_credits,
+                    claimed,
                 }) => {
                     if interim {
                         *interim_credits = interim_credits.saturating_add(header.credits);
                     } else {
-                        let (client_id, extra) = (*client_id, *interim_credits);
+                        let (client_id, extra, claimed) = (*client_id, *interim_credits, *claimed);
                         self.pending.remove(&header.message_id);
                         let message = &frame[at..at + len];
-                        self.prediction_answered(client_id, &header, message, extra);
+                        self.prediction_answered(client_id, &header, message, extra, claimed);
                     }
                 }
                 Some(Pending::Client { client_id, command }) => {
@@ -221,6 +233,11 @@ impl Far {
     /// Sends a client frame on, its ids made the server's; gives it back if it needs fresh
     /// ids the server has not granted yet.
     fn try_client_frame(&mut self, mut frame: Vec<u8>) -> Result<(), Vec<u8>> {
+        if let Some((id, key)) = single_read(&frame)
+            && self.claim(id, &key)
+        {
+            return Ok(());
+        }
         let chain = chain(&frame);
         // Plan first (a miss shifts the ids of the requests after it): the frame waits if
         // an id it would get is beyond what the server has granted.
@@ -289,6 +306,41 @@ impl Far {
         }
         self.to_server.push_back(frame);
         Ok(())
+    }
+
+    /// A client READ with id `id` that near passed on while the prediction for that id was
+    /// on its way to near: if it asks what the prediction asks (or less), it is the
+    /// prediction's, and not a miss. Its answer goes to near as the server's answer to it,
+    /// or went already as PREFETCHED, which near gives the client (it takes the
+    /// announcement that crossed its READ as asked).
+    fn claim(&mut self, id: u64, key: &ReadKey) -> bool {
+        let Some(&(file_id, predicted)) = self.predictions.get(&id) else {
+            return false;
+        };
+        if !predicted.covers(key) {
+            return false;
+        }
+        self.predictions.remove(&id);
+        if let Some(file) = self.files.get_mut(&file_id) {
+            file.consumed_to = file
+                .consumed_to
+                .max(predicted.offset.saturating_add(u64::from(predicted.length)));
+        }
+        for pending in self.pending.values_mut() {
+            if let Pending::Prediction {
+                client_id, claimed, ..
+            } = pending
+                && *client_id == id
+            {
+                *claimed = Some(Claimed {
+                    file_id,
+                    key: predicted,
+                    length: key.length,
+                });
+            }
+        }
+        self.stats.crossed += 1;
+        true
     }
 
     /// What a client request means for read-ahead.
@@ -388,10 +440,13 @@ impl Far {
         header: &Header,
         message: &[u8],
         interim_credits: u16,
+        claimed: Option<Claimed>,
     ) {
-        let Some((file_id, key)) = self.predictions.get(&client_id).copied() else {
+        let (file_id, key) = match (claimed, self.predictions.get(&client_id)) {
+            (Some(c), _) => (c.file_id, c.key),
+            (None, Some(&found)) => found,
             // Missed: its id went to another request. Nothing to give.
-            return;
+            (None, None) => return,
         };
         let mut answer = message.to_vec();
         let sync = Header {
@@ -414,10 +469,16 @@ impl Far {
             // The end of the file, or an error: nothing further to read ahead.
             file.stopped = true;
         }
-        self.to_near.push_back(Record::Prefetched {
-            message_id: client_id,
-            answer,
-        });
+        match claimed {
+            Some(Claimed { length, .. }) => {
+                super::cut(&mut answer, length);
+                self.to_near.push_back(Record::Smb(answer));
+            }
+            None => self.to_near.push_back(Record::Prefetched {
+                message_id: client_id,
+                answer,
+            }),
+        }
     }
 
     /// Issues the predictions the window, the credits and the file allow.
@@ -487,6 +548,7 @@ impl Far {
                 Pending::Prediction {
                     client_id: id,
                     interim_credits: 0,
+                    claimed: None,
                 },
             );
             self.top = self.top.max(server_id.saturating_add(charge));
@@ -510,7 +572,9 @@ impl Far {
     /// The client used ids a prediction had: every outstanding prediction is lost (their
     /// ids are spent at the server) and their files' read-ahead stops.
     fn missed(&mut self) {
-        for (_, (file_id, key)) in std::mem::take(&mut self.predictions) {
+        for (id, (file_id, key)) in std::mem::take(&mut self.predictions) {
+            // Near may hold a client READ for it: it goes to the server after all.
+            self.to_near.push_back(Record::Withdrawn { message_id: id });
             self.stats.missed += 1;
             self.stats.missed_bytes += u64::from(key.length);
             if let Some(file) = self.files.get_mut(&file_id) {

@@ -10,6 +10,7 @@
 //! | 0x02 | PREFETCHED | far | MessageId (8), the server's answer (an SMB2 message) |
 //! | 0x03 | CONSUMED | near | MessageId (8): the client's READ was answered from it |
 //! | 0x04 | OPAQUE | either | none: the rest of this direction is its end's bytes as they came ([`OPAQUE`]) |
+//! | 0x05 | WITHDRAWN | far | MessageId (8): an announced prediction that will not be answered |
 
 use super::ReadKey;
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN};
@@ -24,6 +25,9 @@ const CONSUMED: u8 = 0x03;
 /// not records: that end sent something that is not a Direct TCP frame (it does not speak
 /// SMB2). Handled by [`Splice`](super::Splice), never parsed as a [`Record`].
 pub const OPAQUE: u8 = 0x04;
+const WITHDRAWN: u8 = 0x05;
+/// The highest record type there is.
+pub(crate) const MAX_RECORD: u8 = WITHDRAWN;
 
 /// One record on the stream between the engines.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +40,8 @@ pub enum Record {
     Prefetched { message_id: u64, answer: Vec<u8> },
     /// The client's READ with this MessageId was answered from the prefetched answer.
     Consumed { message_id: u64 },
+    /// Far dropped this announced prediction (a miss spent the ids): no answer follows.
+    Withdrawn { message_id: u64 },
 }
 
 /// A record that cannot be read.
@@ -80,6 +86,9 @@ impl Record {
             CONSUMED => Ok(Self::Consumed {
                 message_id: id(payload)?,
             }),
+            WITHDRAWN => Ok(Self::Withdrawn {
+                message_id: id(payload)?,
+            }),
             other => Err(RecordError::Type(other)),
         }
     }
@@ -91,6 +100,7 @@ impl Record {
             Self::Announce { .. } => (ANNOUNCE, 8 + KEY_LEN),
             Self::Prefetched { answer, .. } => (PREFETCHED, 8 + answer.len()),
             Self::Consumed { .. } => (CONSUMED, 8),
+            Self::Withdrawn { .. } => (WITHDRAWN, 8),
         };
         if len > MAX_FRAME_LEN {
             return Err(RecordError::TooLong(len));
@@ -107,7 +117,9 @@ impl Record {
                 out.extend_from_slice(&message_id.to_le_bytes());
                 out.extend_from_slice(answer);
             }
-            Self::Consumed { message_id } => out.extend_from_slice(&message_id.to_le_bytes()),
+            Self::Consumed { message_id } | Self::Withdrawn { message_id } => {
+                out.extend_from_slice(&message_id.to_le_bytes());
+            }
         }
         Ok(())
     }
@@ -185,6 +197,7 @@ mod tests {
             (any::<u64>(), prop::collection::vec(any::<u8>(), 0..100))
                 .prop_map(|(message_id, answer)| Record::Prefetched { message_id, answer }),
             any::<u64>().prop_map(|message_id| Record::Consumed { message_id }),
+            any::<u64>().prop_map(|message_id| Record::Withdrawn { message_id }),
         ]
     }
 
@@ -204,7 +217,7 @@ mod tests {
         }
 
         #[test]
-        fn any_payload_parses_or_fails_cleanly(kind in 0u8..6, p in prop::collection::vec(any::<u8>(), 0..80)) {
+        fn any_payload_parses_or_fails_cleanly(kind in 0u8..8, p in prop::collection::vec(any::<u8>(), 0..80)) {
             let _ = Record::parse(kind, &p);
         }
     }

@@ -26,8 +26,8 @@ pub use link::{Record, RecordError};
 pub use near::Near;
 pub use splice::{Splice, SpliceError};
 
-use crate::wire::header::Header;
-use crate::wire::messages::{FileId, ReadRequest};
+use crate::wire::header::{Command, HEADER_LEN, Header, Messages, status};
+use crate::wire::messages::{FileId, ReadRequest, ReadResponse};
 
 /// What makes a READ the one predicted: the answer the server gives depends on nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,6 +78,47 @@ impl ReadKey {
     }
 }
 
+/// The MessageId and key of a frame that is one READ request and nothing else.
+fn single_read(frame: &[u8]) -> Option<(u64, ReadKey)> {
+    let mut messages = Messages::new(frame);
+    let (header, message) = messages.next()?;
+    if messages.next().is_some()
+        || header.next_command != 0
+        || header.is_response()
+        || header.command != Command::READ
+    {
+        return None;
+    }
+    let read = ReadRequest::parse(&message[HEADER_LEN..]).ok()?;
+    Some((header.message_id, ReadKey::of(&header, &read)))
+}
+
+/// Cuts a successful READ answer's data to `length` bytes: the answer the server gives a
+/// READ that asks for no more.
+fn cut(answer: &mut Vec<u8>, length: u32) {
+    let Some((header, _)) = Messages::new(answer).next() else {
+        return;
+    };
+    if header.status != status::SUCCESS {
+        return;
+    }
+    let body = HEADER_LEN..HEADER_LEN + ReadResponse::LEN;
+    let Some(mut read) = answer
+        .get(body.clone())
+        .and_then(|b| ReadResponse::parse(b).ok())
+    else {
+        return;
+    };
+    if read.data_length <= length {
+        return;
+    }
+    read.data_length = length;
+    let end = usize::from(read.data_offset) + length as usize;
+    if end <= answer.len() && read.emit(&mut answer[body]).is_some() {
+        answer.truncate(end);
+    }
+}
+
 /// Credits a request of `charge` consumes: a CreditCharge of 0 (SMB 2.0.2) counts one.
 fn charge_of(credit_charge: u16) -> u64 {
     u64::from(credit_charge.max(1))
@@ -98,6 +139,9 @@ pub struct EngineStats {
     pub missed_bytes: u64,
     /// Client requests far gave a fresh MessageId because a prediction had used theirs.
     pub remapped: u64,
+    /// Client READs that crossed their own prediction on the WAN (near had not had its
+    /// announcement yet): answered by the prediction, not a miss.
+    pub crossed: u64,
 }
 
 #[cfg(test)]

@@ -9,10 +9,16 @@
 //! data may be stale), except those the client already asked for and waits on. A CANCEL
 //! consumes no id; one for a READ that waits here is not passed on (a cancel is advisory:
 //! the READ is answered when its answer comes).
+//!
+//! Races with far: a READ near passed on because its prediction was not announced yet
+//! crosses the announcement on the WAN. Far takes such a READ as its prediction's
+//! (`Far::claim`), and near, when the announcement comes, as asked: whichever answer far
+//! then sends (PREFETCHED, or the server's answer as SMB) goes to the client, once. A
+//! prediction far withdraws (a miss spent its id) that the client waits on here has the
+//! client's READ passed on to far after all.
 
-use super::{EngineStats, ReadKey, Record, charge_of};
-use crate::wire::header::{Command, HEADER_LEN, Messages, status};
-use crate::wire::messages::{ReadRequest, ReadResponse};
+use super::{EngineStats, ReadKey, Record, charge_of, cut, single_read};
+use crate::wire::header::{Command, Messages, status};
 use std::collections::{HashMap, VecDeque};
 
 /// A prediction far announced.
@@ -21,14 +27,25 @@ struct Announced {
     key: ReadKey,
     /// The server's answer, once in.
     answer: Option<Vec<u8>>,
-    /// The client asked for it (this many bytes) before the answer came.
-    asked: Option<u32>,
+    /// The client asked for it before the answer came.
+    asked: Option<Asked>,
+}
+
+/// A client READ that waits for its prediction's answer.
+#[derive(Debug)]
+struct Asked {
+    length: u32,
+    /// The client's frame, if near kept it; `None` if it went on to far.
+    frame: Option<Vec<u8>>,
 }
 
 /// The client's half of the engine; see the module documentation.
 #[derive(Debug, Default)]
 pub struct Near {
     announced: HashMap<u64, Announced>,
+    /// Single READs passed on to far and not answered yet, by id: an announcement that
+    /// crosses one on the WAN is its own.
+    passed: HashMap<u64, ReadKey>,
     /// One past the highest id the client has used: predictions below it that it did not
     /// ask for are dead.
     client_next: u64,
@@ -44,7 +61,8 @@ impl Near {
 
     /// A frame's payload from the client.
     pub fn from_client(&mut self, frame: Vec<u8>) {
-        if let Some((message_id, key)) = single_read(&frame)
+        let read = single_read(&frame);
+        if let Some((message_id, key)) = read
             && let Some(a) = self.announced.get_mut(&message_id)
             && a.key.covers(&key)
         {
@@ -53,7 +71,12 @@ impl Near {
                     self.announced.remove(&message_id);
                     self.answer(message_id, answer, key.length);
                 }
-                None => a.asked = Some(key.length),
+                None => {
+                    a.asked = Some(Asked {
+                        length: key.length,
+                        frame: Some(frame),
+                    });
+                }
             }
             return;
         }
@@ -98,6 +121,9 @@ impl Near {
         let next = self.client_next;
         self.announced
             .retain(|&id, a| a.asked.is_some() || id >= next);
+        if let Some((message_id, key)) = read {
+            self.passed.insert(message_id, key);
+        }
         self.to_far.push_back(Record::Smb(frame));
     }
 
@@ -105,32 +131,66 @@ impl Near {
     pub fn from_far(&mut self, record: Record) {
         match record {
             Record::Smb(frame) => {
-                if Messages::new(&frame).any(|(h, _)| h.command == Command::OPLOCK_BREAK) {
-                    self.drop_unasked();
+                for (h, _) in Messages::new(&frame) {
+                    if h.command == Command::OPLOCK_BREAK {
+                        self.drop_unasked();
+                    }
+                    if h.is_response() && !(h.status == status::PENDING && h.is_async()) {
+                        // The final answer to a request near passed on: what waited for it
+                        // here is done.
+                        self.passed.remove(&h.message_id);
+                        self.announced.remove(&h.message_id);
+                    }
                 }
                 self.to_client.push_back(frame);
             }
-            // An announcement for an id the client has passed comes too late to serve.
-            Record::Announce { message_id, .. } if message_id < self.client_next => {}
             Record::Announce { message_id, key } => {
+                let asked = match self.passed.remove(&message_id) {
+                    // It crossed the client's READ, which far takes as its own.
+                    Some(read) if key.covers(&read) => Some(Asked {
+                        length: read.length,
+                        frame: None,
+                    }),
+                    // The client used the id otherwise: too late to serve.
+                    Some(_) => return,
+                    None if message_id < self.client_next => return,
+                    None => None,
+                };
                 self.announced.insert(
                     message_id,
                     Announced {
                         key,
                         answer: None,
-                        asked: None,
+                        asked,
                     },
                 );
             }
             Record::Prefetched { message_id, answer } => {
                 if let Some(a) = self.announced.get_mut(&message_id) {
-                    match a.asked {
-                        Some(length) => {
+                    match &a.asked {
+                        Some(asked) => {
+                            let length = asked.length;
                             self.announced.remove(&message_id);
                             self.answer(message_id, answer, length);
                         }
                         None => a.answer = Some(answer),
                     }
+                }
+            }
+            Record::Withdrawn { message_id } => {
+                if let Some(Announced {
+                    asked:
+                        Some(Asked {
+                            frame: Some(frame), ..
+                        }),
+                    ..
+                }) = self.announced.remove(&message_id)
+                {
+                    // The client waits here: its READ goes to the server after all.
+                    if let Some((id, key)) = single_read(&frame) {
+                        self.passed.insert(id, key);
+                    }
+                    self.to_far.push_back(Record::Smb(frame));
                 }
             }
             // Only far is told.
@@ -174,44 +234,4 @@ impl Near {
     pub fn stats(&self) -> EngineStats {
         self.stats
     }
-}
-
-/// Cuts a successful READ answer's data to `length` bytes.
-fn cut(answer: &mut Vec<u8>, length: u32) {
-    let Some((header, _)) = Messages::new(answer).next() else {
-        return;
-    };
-    let body = HEADER_LEN..HEADER_LEN + ReadResponse::LEN;
-    if header.status != status::SUCCESS {
-        return;
-    }
-    let Some(mut read) = answer
-        .get(body.clone())
-        .and_then(|b| ReadResponse::parse(b).ok())
-    else {
-        return;
-    };
-    if read.data_length <= length {
-        return;
-    }
-    read.data_length = length;
-    let end = usize::from(read.data_offset) + length as usize;
-    if end <= answer.len() && read.emit(&mut answer[body]).is_some() {
-        answer.truncate(end);
-    }
-}
-
-/// The MessageId and key of a frame that is one READ request and nothing else.
-fn single_read(frame: &[u8]) -> Option<(u64, ReadKey)> {
-    let mut messages = Messages::new(frame);
-    let (header, message) = messages.next()?;
-    if messages.next().is_some()
-        || header.next_command != 0
-        || header.is_response()
-        || header.command != Command::READ
-    {
-        return None;
-    }
-    let read = ReadRequest::parse(&message[crate::wire::header::HEADER_LEN..]).ok()?;
-    Some((header.message_id, ReadKey::of(&header, &read)))
 }

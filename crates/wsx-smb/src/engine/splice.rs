@@ -20,7 +20,7 @@
 //! [`Splice::to_peer`] bytes beyond its limit), and what near holds of far's answers
 //! (bounded by far's window).
 
-use super::link::OPAQUE;
+use super::link::{MAX_RECORD, OPAQUE};
 use super::{EngineStats, Far, Near, Record, RecordError};
 use crate::wire::framing::{FRAME_HEADER_LEN, Frames, MAX_FRAME_LEN};
 
@@ -39,7 +39,7 @@ pub enum SpliceError {
 /// for one that came through the tunnel (its server is local).
 #[derive(Debug)]
 enum Half {
-    Near(Near),
+    Near(Box<Near>),
     Far(Box<Far>),
 }
 
@@ -104,7 +104,7 @@ pub struct Splice {
 impl Splice {
     /// The client's gateway's half.
     pub fn near() -> Self {
-        Self::new(Half::Near(Near::new()))
+        Self::new(Half::Near(Box::default()))
     }
 
     /// The server's gateway's half, reading ahead up to `window` bytes beyond the client.
@@ -159,7 +159,7 @@ impl Splice {
         let opaque = std::cell::Cell::new(false);
         let fed = from_peer.feed(
             data,
-            |kind| kind <= OPAQUE && !opaque.get(),
+            |kind| kind <= MAX_RECORD && !opaque.get(),
             |kind, payload| {
                 let record = match kind {
                     OPAQUE => {

@@ -686,7 +686,7 @@ proptest::proptest! {
         read_len in proptest::sample::select(vec![4096u32, 65536, 131_072]),
         async_reads in proptest::bool::ANY,
         setup_credits in 2u16..100,
-        window in proptest::sample::select(vec![0u64, 65536, 1 << 20]),
+        window in proptest::sample::select(vec![0u64, 65536, 131_072, 196_608, 1 << 20]),
     ) {
         // None continues the current run: the next block after the last READ.
         let len = 256 << 10;
@@ -939,5 +939,95 @@ fn a_read_shorter_than_its_prediction_gets_the_answer_cut_to_its_length() {
         assert_eq!(got[..HEADER_LEN], answer[..HEADER_LEN]);
         assert_eq!(got[0x50..], answer[0x50..0x50 + asked as usize]);
         assert_eq!(near.poll_to_far(), Some(Record::Consumed { message_id: 9 }));
+    }
+}
+
+/// A window smaller than the path holds: far predicts the next READ just as the client,
+/// its predictions used up, asks for it itself; both cross on the WAN. The client's READ
+/// is the prediction (the same in every field), so nothing is missed, and nothing waits
+/// for an answer that will not come.
+#[test]
+fn a_read_that_crosses_its_own_prediction_is_not_a_miss() {
+    let run = run(4 << 20, 64 << 10, 100, 256 << 10, |_, _| {});
+    check(&run);
+    assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
+    assert_eq!(run.far.missed, 0, "{:?}", run.far);
+    assert!(run.near.answered_locally >= 40, "{:?}", run.near);
+}
+
+/// A miss while the window is used up: far withdraws the predictions near holds, and a
+/// client READ near kept for one of them goes to the server after all; nothing hangs.
+#[test]
+fn a_miss_withdraws_what_near_holds_and_nothing_waits_forever() {
+    for echo_after in [3, 5, 8, 13] {
+        let run = run(4 << 20, 64 << 10, 100, 256 << 10, |c, _| {
+            c.echo_after = Some(echo_after)
+        });
+        check(&run);
+        assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
+        assert!(run.far.missed > 0, "{:?}", run.far);
+    }
+}
+
+/// Near's side of the races with far, record by record: a READ waiting here for a
+/// prediction far then withdraws goes on to far; a READ near passed on that crosses its
+/// prediction's announcement is answered once, by whichever answer far sends for it.
+#[test]
+fn near_resolves_its_races_with_far_once() {
+    let read = ReadRequest {
+        padding: 0x50,
+        flags: 0,
+        length: 4096,
+        offset: 0,
+        file_id: FILE,
+        minimum_count: 0,
+        channel: 0,
+        remaining_bytes: 0,
+        channel_info_offset: 0,
+        channel_info_length: 0,
+    };
+    let h = header(Command::READ, 5, 1, 1);
+    let mut body = vec![0; ReadRequest::LEN];
+    read.emit(&mut body).unwrap();
+    let request = message(&h, &body);
+    let key = super::ReadKey::of(&h, &read);
+    let answer = message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..h
+        },
+        &[9, 0, 0, 0, 0, 0, 0, 0, 0],
+    );
+    let announce = Record::Announce { message_id: 5, key };
+    let prefetched = Record::Prefetched {
+        message_id: 5,
+        answer: answer.clone(),
+    };
+
+    // Asked here, then withdrawn: the READ goes to far after all, and its answer through.
+    let mut near = Near::new();
+    near.from_far(announce.clone());
+    near.from_client(request.clone());
+    assert_eq!(near.poll_to_far(), None);
+    near.from_far(Record::Withdrawn { message_id: 5 });
+    assert_eq!(near.poll_to_far(), Some(Record::Smb(request.clone())));
+    near.from_far(Record::Smb(answer.clone()));
+    assert_eq!(near.poll_to_client(), Some(answer.clone()));
+    assert_eq!(near.poll_to_client(), None);
+
+    // Passed on before the announcement came; far answers with the prediction's answer
+    // (it had sent it before the READ reached it), or as the server's answer to the READ.
+    for far_sends in [prefetched.clone(), Record::Smb(answer.clone())] {
+        let mut near = Near::new();
+        near.from_client(request.clone());
+        assert_eq!(near.poll_to_far(), Some(Record::Smb(request.clone())));
+        near.from_far(announce.clone());
+        near.from_far(far_sends.clone());
+        assert_eq!(near.poll_to_client(), Some(answer.clone()), "{far_sends:?}");
+        // Nothing more: a stray record for the id does not answer it twice.
+        near.from_far(prefetched.clone());
+        near.from_far(Record::Withdrawn { message_id: 5 });
+        assert_eq!(near.poll_to_client(), None);
+        assert_eq!(near.held_bytes(), 0);
     }
 }
