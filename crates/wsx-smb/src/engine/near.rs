@@ -18,7 +18,7 @@
 //! client's READ passed on to far after all.
 
 use super::{EngineStats, ReadKey, Record, charge_of, cut, single_read};
-use crate::wire::header::{Command, Messages, status};
+use crate::wire::header::{Command, Header, Messages, status};
 use std::collections::{HashMap, VecDeque};
 
 /// A prediction far announced.
@@ -196,6 +196,23 @@ impl Near {
             // Only far is told.
             Record::Consumed { .. } => {}
         }
+    }
+
+    /// Whether an SMB frame from far that starts with `header` may go to the client as its
+    /// bytes come, the engine having seen all it needs: one response message, not an
+    /// oplock break. Its bookkeeping is done here, as [`Self::from_far`] would.
+    pub fn passes(&mut self, header: &Header) -> bool {
+        if !header.is_response()
+            || header.next_command != 0
+            || header.command == Command::OPLOCK_BREAK
+        {
+            return false;
+        }
+        if !(header.status == status::PENDING && header.is_async()) {
+            self.passed.remove(&header.message_id);
+            self.announced.remove(&header.message_id);
+        }
+        true
     }
 
     /// Ends every prediction the client has not asked for yet.

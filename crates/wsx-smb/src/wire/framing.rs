@@ -248,6 +248,21 @@ impl Frames {
         self.header_len == 0
     }
 
+    /// How many of `data`'s bytes reach the end of the frame being read (all of them if it
+    /// does not end in `data`).
+    pub fn to_frame_end(&self, data: &[u8]) -> usize {
+        let need = FRAME_HEADER_LEN - self.header_len;
+        if data.len() < need {
+            return data.len();
+        }
+        let mut header = self.header;
+        header[self.header_len..].copy_from_slice(&data[..need]);
+        let len =
+            usize::from(header[1]) << 16 | usize::from(header[2]) << 8 | usize::from(header[3]);
+        let have = if need == 0 { self.payload.len() } else { 0 };
+        (need + len - have).min(data.len())
+    }
+
     /// Bytes held for the frame being read: room for all of it once its header is in.
     pub fn held(&self) -> usize {
         self.header_len + self.payload.capacity()
@@ -408,6 +423,37 @@ mod tests {
                 prop_assert!(rest.is_none());
                 prop_assert!(splitter.between_frames());
             }
+        }
+
+        /// Fed up to each frame's end at a time, whatever the pieces, the frames come out
+        /// one per call that reaches an end.
+        #[test]
+        fn feeding_to_each_frame_s_end_gives_one_frame_at_a_time(
+            frames in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 1..6),
+            piece in 1usize..700,
+        ) {
+            let mut stream = Vec::new();
+            for payload in &frames {
+                stream.extend_from_slice(&frame_header(payload.len()).unwrap());
+                stream.extend_from_slice(payload);
+            }
+            let mut splitter = Frames::new();
+            let mut back = Vec::new();
+            for chunk in stream.chunks(piece) {
+                let mut rest = chunk;
+                while !rest.is_empty() {
+                    let n = splitter.to_frame_end(rest);
+                    prop_assert!(n > 0);
+                    let before = back.len();
+                    splitter.feed(&rest[..n], |_| true, |_, p| back.push(p)).unwrap();
+                    prop_assert!(back.len() - before <= 1);
+                    if back.len() > before {
+                        prop_assert!(splitter.between_frames());
+                    }
+                    rest = &rest[n..];
+                }
+            }
+            prop_assert_eq!(back, frames);
         }
 
         /// Cut short, a stream's incomplete frame is handed back byte for byte.
