@@ -30,7 +30,8 @@
 //!   scenarios, tunnel streams served by the shaper's turns (a scheduler installed in each
 //!   tunnel), direct relays writing only against its grants (a pump on a timerfd).
 //! - `smb`: sessions to TCP 445 watched by [`wsx_smb`]'s observer as the relay copies them
-//!   (signed, encrypted or unsigned), and the gateway's counts ([`SmbStats`]).
+//!   (signed, encrypted or unsigned), relayed through the read-ahead engine's half when
+//!   both gateways run it (`relay::copy_spliced`), and the gateway's counts ([`SmbStats`]).
 //! - [`Gateway`] (`gateway/`): ties them together; its life (start, reload, shutdown) in
 //!   `gateway/mod.rs`, the peer keeper in `gateway/keeper.rs`, outbound and inbound sessions
 //!   in `gateway/sessions.rs`. See `gateway/mod.rs` for the data flow.

@@ -1,5 +1,5 @@
-//! SMB2/3 for wsx: the wire format and the observer that tells which connections the
-//! read-ahead engine may touch.
+//! SMB2/3 for wsx: the wire format, the observer that tells which connections the
+//! read-ahead engine may touch, and the engine.
 //!
 //! # Architecture
 //!
@@ -17,16 +17,14 @@
 //! - [`engine`]: the read-ahead engine's two halves, [`engine::Far`] (the server's
 //!   gateway: predicts the client's next READs with the client's own MessageIds and ships
 //!   their answers ahead) and [`engine::Near`] (the client's: answers a READ that matches a
-//!   prediction), and the records between them ([`engine::link`]). Simulated against a
-//!   strict server; the gateway does not run it yet.
+//!   prediction), the records between them ([`engine::link`]), and [`engine::Splice`],
+//!   which runs a half between a session's two byte streams.
 //! - [`observe`]: [`Observer`], one per connection, fed the bytes the relay copies: its
 //!   verdict, and its READs ([`ReadStats`]: how many waited a whole round trip alone).
 //!
-//! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds the observer; today
-//! every SMB connection is relayed byte for byte, with TCP-level acceleration, and the
-//! observer's verdicts are counted. Wiring the engine into the relay (frame-aware on both
-//! gateways, its records on the session's stream, negotiated between the gateways) is the
-//! next step, and CREATE-triggered metadata after it.
+//! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds the observer and,
+//! when both gateways run the engine, relays each SMB session through a [`engine::Splice`]
+//! on each side. CREATE-triggered metadata is the next step.
 
 pub mod engine;
 pub mod observe;
