@@ -336,6 +336,16 @@ impl Splice {
         self.to_peer.written(n);
     }
 
+    /// Whether the engine holds frames for the end that it has not handed out yet (far:
+    /// client requests waiting for the server's credits): the end's close must wait for
+    /// them, as it waits for [`Self::to_end`].
+    pub fn holds_for_end(&self) -> bool {
+        match &self.half {
+            Half::Near(_) => false,
+            Half::Far(far) => far.held_bytes() > 0,
+        }
+    }
+
     /// Bytes the splice holds: frames being read, bytes waiting to be written, and what
     /// the engine keeps (near: far's answers for its client; far: client frames waiting
     /// for credits).
