@@ -31,7 +31,7 @@
 
 use super::{EngineStats, ReadKey, Record, charge_of, single_read};
 use crate::observe::{Direction, Observer, Verdict};
-use crate::wire::framing::{MAX_FRAME_LEN, frame_header};
+use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
 use crate::wire::le64;
 use crate::wire::messages::{FileId, ReadRequest};
@@ -215,6 +215,12 @@ impl Far {
         if forward || chain_is_empty {
             self.to_near.push_back(Record::Smb(frame));
         }
+        self.after_server();
+    }
+
+    /// After an answer from the server: the credits it brought may let waiting client
+    /// frames and predictions go.
+    fn after_server(&mut self) {
         while let Some(frame) = self.blocked.pop_front() {
             if let Err(frame) = self.try_client_frame(frame) {
                 self.blocked.push_front(frame);
@@ -222,6 +228,44 @@ impl Far {
             }
         }
         self.read_ahead();
+    }
+
+    /// Whether a frame from the server that starts with `start` (its framing header and
+    /// its first 64 bytes) may go to near as its bytes come, far changing no more than its
+    /// header: one response message to a client request (not to a prediction, not a
+    /// CREATE's, whose body far reads), or to one it does not know. Far does here what
+    /// [`Self::from_server`] would; the header to send, if so. The rest of the frame is
+    /// given to [`Self::observe_server`] as it passes.
+    pub fn passes(&mut self, start: &[u8]) -> Option<[u8; HEADER_LEN]> {
+        let bytes = start.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + HEADER_LEN)?;
+        let header = Header::parse(bytes).ok()?;
+        if !header.is_response()
+            || header.next_command != 0
+            || matches!(header.command, Command::OPLOCK_BREAK | Command::CREATE)
+        {
+            return None;
+        }
+        let client_id = match self.pending.get(&header.message_id) {
+            Some(Pending::Prediction { .. }) => return None,
+            Some(Pending::Client { client_id, .. }) => *client_id,
+            None => header.message_id,
+        };
+        let interim = header.status == status::PENDING && header.is_async();
+        if !interim {
+            self.pending.remove(&header.message_id);
+        }
+        self.window_end = self.window_end.saturating_add(u64::from(header.credits));
+        self.observer.feed(Direction::ToClient, start);
+        let mut out = [0; HEADER_LEN];
+        out.copy_from_slice(bytes);
+        out[24..32].copy_from_slice(&client_id.to_le_bytes());
+        self.after_server();
+        Some(out)
+    }
+
+    /// The rest of a frame [`Self::passes`] let through, as it passes.
+    pub fn observe_server(&mut self, bytes: &[u8]) {
+        self.observer.feed(Direction::ToClient, bytes);
     }
 
     fn client_frame(&mut self, frame: Vec<u8>) {

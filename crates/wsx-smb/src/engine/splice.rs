@@ -100,8 +100,10 @@ pub struct Splice {
     peer_opaque: bool,
     to_end: Outbox,
     to_peer: Outbox,
-    /// Bytes of a record streaming from the peer to the end that are still to come.
+    /// Bytes of a record streaming from the peer to the end that are still to come, and of
+    /// a frame streaming from the end to the peer.
     passing: usize,
+    end_passing: usize,
 }
 
 /// The shortest SMB frame near streams through instead of holding it whole.
@@ -128,15 +130,68 @@ impl Splice {
             to_end: Outbox::default(),
             to_peer: Outbox::default(),
             passing: 0,
+            end_passing: 0,
         }
     }
 
     /// Bytes read from the end.
-    pub fn from_end(&mut self, data: &[u8]) -> Result<(), SpliceError> {
-        if self.end_opaque {
-            self.to_peer.reserve(data.len()).extend_from_slice(data);
-            return Ok(());
+    pub fn from_end(&mut self, mut data: &[u8]) -> Result<(), SpliceError> {
+        while !data.is_empty() {
+            if self.end_opaque {
+                self.to_peer.reserve(data.len()).extend_from_slice(data);
+                return Ok(());
+            }
+            if self.end_passing > 0 {
+                let n = self.end_passing.min(data.len());
+                if let Half::Far(far) = &mut self.half {
+                    far.observe_server(&data[..n]);
+                }
+                self.to_peer.reserve(n).extend_from_slice(&data[..n]);
+                self.end_passing -= n;
+                data = &data[n..];
+                if self.end_passing == 0 {
+                    self.drain();
+                }
+                continue;
+            }
+            if self.from_end.between_frames()
+                && let Some((len, header)) = self.end_cut_through(data)
+            {
+                let out = self.to_peer.reserve(FRAME_HEADER_LEN + HEADER_LEN);
+                out.extend_from_slice(&data[..FRAME_HEADER_LEN]);
+                out.extend_from_slice(&header);
+                self.end_passing = len - HEADER_LEN;
+                data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
+                // What far has for the server may go; what it has for near waits for the
+                // frame's end.
+                self.drain();
+                continue;
+            }
+            // Up to the end of one frame at a time, so that the next is judged afresh.
+            let n = self.from_end.to_frame_end(data);
+            self.end_frames(&data[..n])?;
+            data = &data[n..];
         }
+        Ok(())
+    }
+
+    /// Whether the frame starting `data` is a server's answer far passes on with no more
+    /// than its header changed, long enough to stream (far's side of [`Self::cut_through`]);
+    /// its length and the header to send, if so.
+    fn end_cut_through(&mut self, data: &[u8]) -> Option<(usize, [u8; HEADER_LEN])> {
+        let Half::Far(far) = &mut self.half else {
+            return None;
+        };
+        let start = data.get(..FRAME_HEADER_LEN + HEADER_LEN)?;
+        let len = usize::from(start[1]) << 16 | usize::from(start[2]) << 8 | usize::from(start[3]);
+        if start[0] != 0 || len < CUT_THROUGH {
+            return None;
+        }
+        far.passes(start).map(|header| (len, header))
+    }
+
+    /// Frames from the end, up to the end of one at most.
+    fn end_frames(&mut self, data: &[u8]) -> Result<(), SpliceError> {
         let Self { half, from_end, .. } = self;
         let fed = from_end.feed(
             data,
@@ -165,6 +220,9 @@ impl Splice {
                 self.to_end.reserve(n).extend_from_slice(&data[..n]);
                 self.passing -= n;
                 data = &data[n..];
+                if self.passing == 0 {
+                    self.drain();
+                }
                 continue;
             }
             if self.from_peer.between_frames()
@@ -297,21 +355,24 @@ impl Splice {
     }
 
     /// Moves what the engine has for either side into its outbox.
+    /// Nothing goes into a way while a frame streams through it: it waits in the engine
+    /// until the frame's last byte has gone.
     fn drain(&mut self) {
+        let (to_end, to_peer) = (self.passing == 0, self.end_passing == 0);
         match &mut self.half {
             Half::Near(near) => {
-                while let Some(frame) = near.poll_to_client() {
+                while to_end && let Some(frame) = near.poll_to_client() {
                     self.to_end.frame(&frame);
                 }
-                while let Some(record) = near.poll_to_far() {
+                while to_peer && let Some(record) = near.poll_to_far() {
                     emit(&record, &mut self.to_peer);
                 }
             }
             Half::Far(far) => {
-                while let Some(frame) = far.poll_to_server() {
+                while to_end && let Some(frame) = far.poll_to_server() {
                     self.to_end.frame(&frame);
                 }
-                while let Some(record) = far.poll_to_near() {
+                while to_peer && let Some(record) = far.poll_to_near() {
                     emit(&record, &mut self.to_peer);
                 }
             }

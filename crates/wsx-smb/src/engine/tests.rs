@@ -205,6 +205,8 @@ struct Client {
     scripted_read: Option<(u64, u32)>,
     /// What went against the protocol, as the client sees it.
     violations: Vec<String>,
+    /// The id of the request it waits on.
+    last_id: u64,
     finished_at: Option<u64>,
 }
 
@@ -224,6 +226,7 @@ impl Client {
             ));
         }
         self.next_id += u64::from(charge);
+        self.last_id = id;
         message(&header(command, id, charge, credits), body)
     }
 
@@ -477,6 +480,7 @@ fn parties(len: usize, read_len: u32) -> (Client, Server) {
         script: None,
         scripted_read: None,
         violations: Vec::new(),
+        last_id: 0,
         finished_at: None,
     };
     (client, server)
@@ -536,6 +540,13 @@ fn run(
                     .feed(&bytes, |k| k == 0, |_, f| frames.push(f))
                     .unwrap();
                 for frame in frames {
+                    // An answer carries the id of the request it answers: the one waiting.
+                    let id = Messages::new(&frame).next().map(|(h, _)| h.message_id);
+                    if id != Some(client.last_id) {
+                        client
+                            .violations
+                            .push(format!("answer {id:?} while waiting on {}", client.last_id));
+                    }
                     if let Some(next) = client.answered(&frame, now) {
                         pending_out.push_back((now, Hop::ToNear(framed(&next))));
                     }
@@ -1030,4 +1041,66 @@ fn near_resolves_its_races_with_far_once() {
         assert_eq!(near.poll_to_client(), None);
         assert_eq!(near.held_bytes(), 0);
     }
+}
+
+/// While a large answer streams through near to the client, an answer near gives from a
+/// prediction meanwhile waits for the frame's end: the client's stream stays whole frames.
+#[test]
+fn nothing_cuts_into_a_frame_streaming_through() {
+    let read = ReadRequest {
+        padding: 0x50,
+        flags: 0,
+        length: 4096,
+        offset: 0,
+        file_id: FILE,
+        minimum_count: 0,
+        channel: 0,
+        remaining_bytes: 0,
+        channel_info_offset: 0,
+        channel_info_length: 0,
+    };
+    let h = header(Command::READ, 9, 1, 1);
+    let mut body = vec![0; ReadRequest::LEN];
+    read.emit(&mut body).unwrap();
+    let request = message(&h, &body);
+    let small = message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..h
+        },
+        &[9, 0, 0, 0, 0, 0, 0, 0, 0],
+    );
+    let big = message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..header(Command::READ, 3, 1, 1)
+        },
+        &vec![0x5a; 40_000],
+    );
+    let mut records = Vec::new();
+    for r in [
+        Record::Announce {
+            message_id: 9,
+            key: super::ReadKey::of(&h, &read),
+        },
+        Record::Prefetched {
+            message_id: 9,
+            answer: small.clone(),
+        },
+        Record::Smb(big.clone()),
+    ] {
+        r.emit(&mut records).unwrap();
+    }
+    let mut near = Splice::near();
+    let cut = records.len() - 30_000;
+    near.from_peer(&records[..cut]).unwrap();
+    near.from_end(&framed(&request)).unwrap();
+    near.from_peer(&records[cut..]).unwrap();
+    let mut frames = Vec::new();
+    Frames::new()
+        .feed(near.to_end(), |k| k == 0, |_, f| frames.push(f))
+        .unwrap();
+    assert_eq!(frames.len(), 2);
+    assert!(frames[0] == big, "the streaming answer, whole");
+    assert!(frames[1] == small, "then near's own");
 }
