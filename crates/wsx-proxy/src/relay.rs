@@ -253,15 +253,27 @@ where
             // A side whose source ended, all it fed written, is ended in turn.
             if at_peer.read_done
                 && splice.to_end().is_empty()
-                && !splice.holds_for_end()
+                && splice.held_for_end() == 0
                 && !at_end.shut
             {
                 progress |= at_end.poll_shut(cx, &mut *end)?;
             }
-            if at_end.read_done && splice.to_peer().is_empty() && !at_peer.shut {
+            if at_end.read_done
+                && splice.to_peer().is_empty()
+                && splice.held_for_peer() == 0
+                && !at_peer.shut
+            {
                 progress |= at_peer.poll_shut(cx, &mut *peer)?;
             }
-            if !at_end.read_done && splice.to_peer().len() < SPLICE_LIMIT {
+            // What the engine has for a side already shut (near's CONSUMED after the
+            // client's end, say) has nowhere to go.
+            if at_end.shut {
+                splice.end_written(splice.to_end().len());
+            }
+            if at_peer.shut {
+                splice.peer_written(splice.to_peer().len());
+            }
+            if !at_end.read_done && splice.to_peer().len() + splice.held_for_peer() < SPLICE_LIMIT {
                 if let Poll::Ready(data) = at_end.poll_read(cx, &mut *end, buffers)? {
                     progress = true;
                     if data.is_empty() {
@@ -275,12 +287,12 @@ where
                     }
                 }
             }
-            if !at_peer.read_done && splice.to_end().len() < SPLICE_LIMIT {
+            if !at_peer.read_done && splice.to_end().len() + splice.held_for_end() < SPLICE_LIMIT {
                 if let Poll::Ready(data) = at_peer.poll_read(cx, &mut *peer, buffers)? {
                     progress = true;
                     if data.is_empty() {
                         at_peer.read_done = true;
-                        splice.peer_finished();
+                        splice.peer_finished().map_err(invalid)?;
                     } else {
                         splice.from_peer(data).map_err(invalid)?;
                     }

@@ -35,7 +35,7 @@ use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
 use crate::wire::le64;
 use crate::wire::messages::{FileId, ReadRequest};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// `ShareAccess` bit: other opens may write.
 const FILE_SHARE_WRITE: u32 = 0x2;
@@ -95,6 +95,10 @@ pub struct Far {
     predictions: BTreeMap<u64, (FileId, ReadKey)>,
     /// Server id = client id + `shift` (0 until the first miss).
     shift: u64,
+    /// Client ids below a miss's that a withdrawn prediction had (near held the client's
+    /// READ for it and sends it now): each gets a fresh server id from `top`, since the
+    /// shift is only safe for ids from the miss's up.
+    late: BTreeSet<u64>,
     /// One past the highest server id used.
     top: u64,
     /// CREATE requests sent, by server id: share access and requested oplock.
@@ -119,6 +123,7 @@ impl Far {
             pending: HashMap::new(),
             predictions: BTreeMap::new(),
             shift: 0,
+            late: BTreeSet::new(),
             top: 0,
             creates: HashMap::new(),
             files: HashMap::new(),
@@ -291,11 +296,15 @@ impl Far {
                 continue;
             }
             let charge = charge_of(h.credit_charge);
-            if !missed && self.collides(h.message_id, charge) {
-                missed = true;
-                shift = shift.max(top.saturating_sub(h.message_id));
-            }
-            let end = h.message_id.saturating_add(shift).saturating_add(charge);
+            let end = if self.late.contains(&h.message_id) {
+                top.saturating_add(charge)
+            } else {
+                if !missed && self.collides(h.message_id, charge) {
+                    missed = true;
+                    shift = shift.max(top.saturating_sub(h.message_id));
+                }
+                h.message_id.saturating_add(shift).saturating_add(charge)
+            };
             if end > self.window_end {
                 return Err(frame);
             }
@@ -318,11 +327,15 @@ impl Far {
             }
             let client_id = header.message_id;
             let charge = charge_of(header.credit_charge);
-            if self.collides(client_id, charge) {
-                self.missed();
-                self.shift = self.shift.max(self.top.saturating_sub(client_id));
-            }
-            let server_id = client_id.saturating_add(self.shift);
+            let server_id = if self.late.remove(&client_id) {
+                self.top
+            } else {
+                if self.collides(client_id, charge) {
+                    self.missed(client_id);
+                    self.shift = self.shift.max(self.top.saturating_sub(client_id));
+                }
+                client_id.saturating_add(self.shift)
+            };
             if server_id != client_id {
                 frame[at + 24..at + 32].copy_from_slice(&server_id.to_le_bytes());
                 self.stats.remapped += 1;
@@ -492,6 +505,16 @@ impl Far {
             // Missed: its id went to another request. Nothing to give.
             (None, None) => return,
         };
+        if message.len() > MAX_FRAME_LEN - 8 {
+            // Longer than a record can carry (a server answering more than was asked):
+            // withdrawn, so that near sends the client's READ, if it holds one, on.
+            self.predictions.remove(&client_id);
+            self.late.insert(client_id);
+            self.to_near.push_back(Record::Withdrawn {
+                message_id: client_id,
+            });
+            return;
+        }
         let mut answer = message.to_vec();
         let sync = Header {
             message_id: client_id,
@@ -613,12 +636,16 @@ impl Far {
             .is_some()
     }
 
-    /// The client used ids a prediction had: every outstanding prediction is lost (their
-    /// ids are spent at the server) and their files' read-ahead stops.
-    fn missed(&mut self) {
+    /// The client used ids a prediction had (its request's id is `at`): every outstanding
+    /// prediction is lost (their ids are spent at the server) and withdrawn, and their
+    /// files' read-ahead stops.
+    fn missed(&mut self, at: u64) {
         for (id, (file_id, key)) in std::mem::take(&mut self.predictions) {
             // Near may hold a client READ for it: it goes to the server after all.
             self.to_near.push_back(Record::Withdrawn { message_id: id });
+            if id < at {
+                self.late.insert(id);
+            }
             self.stats.missed += 1;
             self.stats.missed_bytes += u64::from(key.length);
             if let Some(file) = self.files.get_mut(&file_id) {

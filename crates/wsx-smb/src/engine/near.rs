@@ -19,7 +19,7 @@
 
 use super::{EngineStats, ReadKey, Record, charge_of, cut, single_read};
 use crate::wire::header::{Command, Header, Messages, status};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// A prediction far announced.
 #[derive(Debug)]
@@ -46,6 +46,11 @@ pub struct Near {
     /// Single READs passed on to far and not answered yet, by id: an announcement that
     /// crosses one on the WAN is its own.
     passed: HashMap<u64, ReadKey>,
+    /// Crossed READs near answered from PREFETCHED: if far withdraws one, it had not taken
+    /// the READ as the prediction's and sends it to the server, whose answer...
+    crossed: BTreeSet<u64>,
+    /// ...the client must not get a second time.
+    drop_answer: BTreeSet<u64>,
     /// One past the highest id the client has used: predictions below it that it did not
     /// ask for are dead.
     client_next: u64,
@@ -131,6 +136,16 @@ impl Near {
     pub fn from_far(&mut self, record: Record) {
         match record {
             Record::Smb(frame) => {
+                let mut messages = Messages::new(&frame);
+                if let (Some((h, _)), None) = (messages.next(), messages.next())
+                    && h.is_response()
+                    && !(h.status == status::PENDING && h.is_async())
+                    && self.drop_answer.remove(&h.message_id)
+                {
+                    // The second answer to a READ the client has had its answer to.
+                    self.passed.remove(&h.message_id);
+                    return;
+                }
                 for (h, _) in Messages::new(&frame) {
                     if h.command == Command::OPLOCK_BREAK {
                         self.drop_unasked();
@@ -169,15 +184,26 @@ impl Near {
                 if let Some(a) = self.announced.get_mut(&message_id) {
                     match &a.asked {
                         Some(asked) => {
-                            let length = asked.length;
+                            let (length, crossed) = (asked.length, asked.frame.is_none());
                             self.announced.remove(&message_id);
                             self.answer(message_id, answer, length);
+                            if crossed {
+                                self.crossed.insert(message_id);
+                                // Bounded: far withdraws a prediction within a round
+                                // trip of its answer, while ids move on.
+                                if self.crossed.len() > 4 * super::far::MAX_PREDICTIONS {
+                                    self.crossed.pop_first();
+                                }
+                            }
                         }
                         None => a.answer = Some(answer),
                     }
                 }
             }
             Record::Withdrawn { message_id } => {
+                if self.crossed.remove(&message_id) {
+                    self.drop_answer.insert(message_id);
+                }
                 if let Some(Announced {
                     asked:
                         Some(Asked {
@@ -206,6 +232,10 @@ impl Near {
             || header.next_command != 0
             || header.command == Command::OPLOCK_BREAK
         {
+            return false;
+        }
+        if self.drop_answer.contains(&header.message_id) {
+            // Dropped whole by from_far.
             return false;
         }
         if !(header.status == status::PENDING && header.is_async()) {
@@ -238,6 +268,15 @@ impl Near {
     /// The next record for far.
     pub fn poll_to_far(&mut self) -> Option<Record> {
         self.to_far.pop_front()
+    }
+
+    /// Bytes of client READs held for answers still to come (they go to far if their
+    /// predictions are withdrawn).
+    pub fn held_requests(&self) -> usize {
+        self.announced
+            .values()
+            .filter_map(|a| a.asked.as_ref()?.frame.as_ref().map(Vec::len))
+            .sum()
     }
 
     /// Bytes of answers held for the client.

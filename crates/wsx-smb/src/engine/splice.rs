@@ -34,6 +34,13 @@ pub enum SpliceError {
     /// An end stopped speaking SMB2 after far had started translating ids.
     #[error("the {0} stopped framing SMB2 after read-ahead had begun")]
     Unframed(&'static str),
+    /// A record too long to send: a server's answer to a READ far took for a prediction
+    /// that says more than the READ asked.
+    #[error("an answer longer than a record may be")]
+    TooLong,
+    /// The peer's stream ended inside an engine record.
+    #[error("the peer gateway's stream ended inside a record")]
+    CutRecord,
 }
 
 /// Which half a gateway runs: near for a session it intercepted (its client is local), far
@@ -104,6 +111,8 @@ pub struct Splice {
     /// a frame streaming from the end to the peer.
     passing: usize,
     end_passing: usize,
+    /// Why the splice cannot go on, found while handing out (returned by the next call).
+    failed: Option<SpliceError>,
 }
 
 /// The shortest SMB frame near streams through instead of holding it whole.
@@ -131,6 +140,7 @@ impl Splice {
             to_peer: Outbox::default(),
             passing: 0,
             end_passing: 0,
+            failed: None,
         }
     }
 
@@ -172,7 +182,7 @@ impl Splice {
             self.end_frames(&data[..n])?;
             data = &data[n..];
         }
-        Ok(())
+        self.failed.clone().map_or(Ok(()), Err)
     }
 
     /// Whether the frame starting `data` is a server's answer far passes on with no more
@@ -240,7 +250,7 @@ impl Splice {
             self.peer_records(&data[..n])?;
             data = &data[n..];
         }
-        Ok(())
+        self.failed.clone().map_or(Ok(()), Err)
     }
 
     /// Whether the record starting `data` is an SMB frame near passes on untouched, long
@@ -320,12 +330,17 @@ impl Splice {
             .extend_from_slice(&partial);
     }
 
-    /// The peer finished sending: an incomplete record goes on as it came.
-    pub fn peer_finished(&mut self) {
+    /// The peer finished sending: an incomplete SMB frame goes on as it came; an
+    /// incomplete engine record is an error.
+    pub fn peer_finished(&mut self) -> Result<(), SpliceError> {
         let partial = self.from_peer.take_partial();
+        if partial.first().is_some_and(|&kind| kind != 0) {
+            return Err(SpliceError::CutRecord);
+        }
         self.to_end
             .reserve(partial.len())
             .extend_from_slice(&partial);
+        Ok(())
     }
 
     fn end_turns_opaque(&mut self, rest: Vec<u8>) -> Result<(), SpliceError> {
@@ -359,23 +374,34 @@ impl Splice {
     /// until the frame's last byte has gone.
     fn drain(&mut self) {
         let (to_end, to_peer) = (self.passing == 0, self.end_passing == 0);
+        // A way turned opaque carries its end's bytes only: the engine's output for it is
+        // dropped (near's CONSUMED, say, after a client that stopped speaking SMB2).
+        let (end_open, peer_open) = (!self.peer_opaque, !self.end_opaque);
+        let mut too_long = false;
         match &mut self.half {
             Half::Near(near) => {
                 while to_end && let Some(frame) = near.poll_to_client() {
-                    self.to_end.frame(&frame);
+                    if end_open {
+                        self.to_end.frame(&frame);
+                    }
                 }
                 while to_peer && let Some(record) = near.poll_to_far() {
-                    emit(&record, &mut self.to_peer);
+                    too_long |= peer_open && !emit(&record, &mut self.to_peer);
                 }
             }
             Half::Far(far) => {
                 while to_end && let Some(frame) = far.poll_to_server() {
-                    self.to_end.frame(&frame);
+                    if end_open {
+                        self.to_end.frame(&frame);
+                    }
                 }
                 while to_peer && let Some(record) = far.poll_to_near() {
-                    emit(&record, &mut self.to_peer);
+                    too_long |= peer_open && !emit(&record, &mut self.to_peer);
                 }
             }
+        }
+        if too_long {
+            self.failed.get_or_insert(SpliceError::TooLong);
         }
     }
 
@@ -397,13 +423,22 @@ impl Splice {
         self.to_peer.written(n);
     }
 
-    /// Whether the engine holds frames for the end that it has not handed out yet (far:
-    /// client requests waiting for the server's credits): the end's close must wait for
-    /// them, as it waits for [`Self::to_end`].
-    pub fn holds_for_end(&self) -> bool {
+    /// Bytes the engine holds for the end that it has not handed out yet (far: client
+    /// requests waiting for the server's credits): the end's close waits for them as for
+    /// [`Self::to_end`], and they count against the reads that feed them.
+    pub fn held_for_end(&self) -> usize {
         match &self.half {
-            Half::Near(_) => false,
-            Half::Far(far) => far.held_bytes() > 0,
+            Half::Near(_) => 0,
+            Half::Far(far) => far.held_bytes(),
+        }
+    }
+
+    /// The same for the peer (near: client READs it waits to answer, which go to far if
+    /// far withdraws their predictions).
+    pub fn held_for_peer(&self) -> usize {
+        match &self.half {
+            Half::Near(near) => near.held_requests(),
+            Half::Far(_) => 0,
         }
     }
 
@@ -430,16 +465,14 @@ impl Splice {
     }
 }
 
-/// Appends `record`, framed, to `out`. Records come from frames, so they fit one.
-fn emit(record: &Record, out: &mut Outbox) {
+/// Appends `record`, framed, to `out`; `false` if it is longer than a record may be (an
+/// SMB frame from far cannot be; a server's answer to a claimed prediction that says more
+/// than was asked could).
+fn emit(record: &Record, out: &mut Outbox) -> bool {
     let len = match record {
         Record::Smb(p) | Record::Prefetched { answer: p, .. } => p.len() + 8,
         _ => 64,
     };
     let bytes = out.reserve(FRAME_HEADER_LEN + len);
-    if record.emit(bytes).is_err() {
-        // A prediction's answer 8 bytes longer than a frame may be: impossible for an
-        // answer the server framed, and dropping it only costs the client a round trip.
-        debug_assert!(false, "a record longer than a frame");
-    }
+    record.emit(bytes).is_ok()
 }

@@ -862,8 +862,8 @@ fn an_end_may_stop_framing_only_while_far_translates_nothing() {
     );
 }
 
-/// A record far cannot have sent fails the session; a stream cut inside a frame hands the
-/// piece on as it came.
+/// A record far cannot have sent fails the session; a stream cut inside an SMB frame hands
+/// the piece on as it came.
 #[test]
 fn a_bad_record_fails_and_a_cut_frame_goes_on_as_it_came() {
     let mut near = Splice::near();
@@ -884,8 +884,13 @@ fn a_bad_record_fails_and_a_cut_frame_goes_on_as_it_came() {
     near.end_finished();
     assert_eq!(near.to_peer(), &[0, 0, 0, 9, 0xfe, b'S']);
     near.from_peer(&[0, 0, 1]).unwrap();
-    near.peer_finished();
+    near.peer_finished().unwrap();
     assert_eq!(near.to_end(), &[0, 0, 1]);
+    // An engine record cut by the stream's end is an error, not bytes for the client.
+    let mut near = Splice::near();
+    near.from_peer(&[0x02, 0, 0, 40, 1, 2]).unwrap();
+    assert_eq!(near.peer_finished(), Err(super::SpliceError::CutRecord));
+    assert!(near.to_end().is_empty());
 }
 
 /// A READ shorter than its prediction gets the server's answer cut to its length (what
@@ -1041,6 +1046,17 @@ fn near_resolves_its_races_with_far_once() {
         assert_eq!(near.poll_to_client(), None);
         assert_eq!(near.held_bytes(), 0);
     }
+
+    // Passed on, answered from PREFETCHED, then withdrawn: far had not taken the READ
+    // as the prediction's and sends it to the server, whose answer the client has had.
+    let mut near = Near::new();
+    near.from_client(request.clone());
+    near.from_far(announce.clone());
+    near.from_far(prefetched.clone());
+    assert_eq!(near.poll_to_client(), Some(answer.clone()));
+    near.from_far(Record::Withdrawn { message_id: 5 });
+    near.from_far(Record::Smb(answer.clone()));
+    assert_eq!(near.poll_to_client(), None, "answered once");
 }
 
 /// While a large answer streams through near to the client, an answer near gives from a
@@ -1103,4 +1119,70 @@ fn nothing_cuts_into_a_frame_streaming_through() {
     assert_eq!(frames.len(), 2);
     assert!(frames[0] == big, "the streaming answer, whole");
     assert!(frames[1] == small, "then near's own");
+}
+
+/// A pipelining client: near holds its READ for prediction k+1 while its ECHO, sent
+/// next with id k+2, reaches far and misses. Far withdraws k+1 and near sends the READ on:
+/// it must get a server id no request has had (the shift is only safe from k+2 up).
+#[test]
+fn a_withdrawn_read_sent_on_late_gets_a_fresh_id() {
+    let mut far = Splice::far(1 << 20);
+    let (client, mut server, _) = drive_far(&mut far, |records| {
+        records.iter().any(|r| matches!(r, Record::Announce { .. }))
+    });
+    let k = client.last_id;
+    let mut to_server = Frames::new();
+    let mut pass = |far: &mut Splice, server: &mut Server| {
+        let bytes = far.to_end().to_vec();
+        far.end_written(bytes.len());
+        let mut frames = Vec::new();
+        to_server
+            .feed(&bytes, |k| k == 0, |_, f| frames.push(f))
+            .unwrap();
+        for frame in frames {
+            for answer in server.answer(&frame) {
+                far.from_end(&framed(&answer)).unwrap();
+            }
+        }
+    };
+    pass(&mut far, &mut server);
+    let echo = message(&header(Command::ECHO, k + 2, 1, 1), &[4, 0, 0, 0]);
+    far.from_peer(&framed(&echo)).unwrap();
+    pass(&mut far, &mut server);
+    let read = ReadRequest {
+        padding: 0x50,
+        flags: 0,
+        length: 64 << 10,
+        offset: 64 << 10,
+        file_id: FILE,
+        minimum_count: 0,
+        channel: 0,
+        remaining_bytes: 0,
+        channel_info_offset: 0,
+        channel_info_length: 0,
+    };
+    let mut body = vec![0; ReadRequest::LEN];
+    read.emit(&mut body).unwrap();
+    far.from_peer(&framed(&message(
+        &header(Command::READ, k + 1, 1, 1),
+        &body,
+    )))
+    .unwrap();
+    pass(&mut far, &mut server);
+    assert!(server.violations.is_empty(), "{:?}", server.violations);
+    // And its answer reaches near with the client's id.
+    let mut answers = Vec::new();
+    Frames::new()
+        .feed(
+            far.to_peer(),
+            |_| true,
+            |kind, p| {
+                if kind == 0 {
+                    answers.extend(Messages::new(&p).map(|(h, _)| (h.command, h.message_id)));
+                }
+            },
+        )
+        .unwrap();
+    assert!(answers.contains(&(Command::ECHO, k + 2)), "{answers:?}");
+    assert!(answers.contains(&(Command::READ, k + 1)), "{answers:?}");
 }

@@ -192,6 +192,9 @@ pub fn frame_header(len: usize) -> Option<[u8; FRAME_HEADER_LEN]> {
     (len <= MAX_FRAME_LEN).then_some([0, (len >> 16) as u8, (len >> 8) as u8, len as u8])
 }
 
+/// The most [`Frames`] reserves for a frame before its bytes come.
+const INITIAL_ROOM: usize = 256 << 10;
+
 /// Splits a byte stream into whole frames, in the order they come. Each payload is copied
 /// once, from the input into a buffer of its own that the caller then owns.
 #[derive(Debug, Default)]
@@ -230,7 +233,9 @@ impl Frames {
                 if self.header_len < FRAME_HEADER_LEN {
                     return Ok(());
                 }
-                self.payload = Vec::with_capacity(self.len());
+                // Room as the bytes come, not as the header says: 4 bytes from the network
+                // do not reserve 16 MiB.
+                self.payload = Vec::with_capacity(self.len().min(INITIAL_ROOM));
             }
             let n = (self.len() - self.payload.len()).min(data.len());
             self.payload.extend_from_slice(&data[..n]);
