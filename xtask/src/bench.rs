@@ -239,6 +239,9 @@ pub(crate) struct BenchArgs {
     /// The size of each READ of the one-READ client, KiB.
     #[arg(long, default_value_t = 64)]
     smb_read_kib: usize,
+    /// The gateways' `smb_read_ahead_mib` in the SMB cases (their default if not given).
+    #[arg(long)]
+    smb_read_ahead_mib: Option<u32>,
     /// In the SMB cases, run wsx only with SMB on (by default it runs without, `smb =
     /// false`, and with, each a case).
     #[arg(long)]
@@ -692,6 +695,7 @@ fn request_settings(args: &BenchArgs, fec: Fec) -> Settings {
         max_rate_mbit: args.max_rate_mbit,
         max_datagram: None,
         smb: true,
+        smb_read_ahead_mib: args.smb_read_ahead_mib,
     }
 }
 
@@ -744,6 +748,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             max_rate_mbit: args.max_rate_mbit,
             max_datagram: None,
             smb: true,
+            smb_read_ahead_mib: None,
         },
         veth_mtu: None,
         wsx_binary: None,

@@ -52,6 +52,9 @@ pub(crate) struct Settings {
     /// SMB on the gateways' peers (`smb`): the observer and the read-ahead engine.
     #[serde(default = "yes")]
     pub(crate) smb: bool,
+    /// `smb_read_ahead_mib` on both gateways' peers, if not the default.
+    #[serde(default)]
+    pub(crate) smb_read_ahead_mib: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -67,6 +70,7 @@ impl Default for Settings {
             max_rate_mbit: None,
             max_datagram: None,
             smb: true,
+            smb_read_ahead_mib: None,
         }
     }
 }
@@ -449,10 +453,13 @@ pub(crate) fn config_text(
         + &settings
             .max_datagram
             .map_or(String::new(), |d| format!("max_datagram = {d}\n"));
+    let read_ahead = settings
+        .smb_read_ahead_mib
+        .map_or(String::new(), |m| format!("smb_read_ahead_mib = {m}\n"));
     format!(
         "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n{max_rate}\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
          [[peer]]\nname = \"peer\"\npublic_key = \"{}\"\nendpoint = \"{endpoint}\"\nprefixes = {remote}\n\
-         compression = {}\nfec = \"{}\"\nsmb = {}\n\n[api]\nlisten = \"{API_LISTEN}\"\ntokens = [\"{API_TOKEN}\"]\n",
+         compression = {}\nfec = \"{}\"\nsmb = {}\n{read_ahead}\n[api]\nlisten = \"{API_LISTEN}\"\ntokens = [\"{API_TOKEN}\"]\n",
         own.to_base64(),
         peer.public_key(),
         settings.compression,
