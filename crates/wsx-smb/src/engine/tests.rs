@@ -43,6 +43,29 @@ fn message(header: &Header, body: &[u8]) -> Vec<u8> {
     m
 }
 
+/// A READ of the test file's `length` bytes at `offset`.
+fn read_at(offset: u64, length: u32) -> ReadRequest {
+    ReadRequest {
+        padding: 0x50,
+        flags: 0,
+        length,
+        offset,
+        file_id: FILE,
+        minimum_count: 0,
+        channel: 0,
+        remaining_bytes: 0,
+        channel_info_offset: 0,
+        channel_info_length: 0,
+    }
+}
+
+/// A READ request message: `read` under `header`.
+fn read_message(header: &Header, read: &ReadRequest) -> Vec<u8> {
+    let mut body = vec![0; ReadRequest::LEN];
+    read.emit(&mut body).unwrap();
+    message(header, &body)
+}
+
 /// The strict server: answers NEGOTIATE, SESSION_SETUP, TREE_CONNECT, CREATE, READ
 /// (asynchronously when `async_reads`: an interim answer with the credits, then the data),
 /// ECHO, WRITE and CLOSE, granting what each request asks.
@@ -242,20 +265,7 @@ impl Client {
         } else {
             self.read_len
         };
-        ReadRequest {
-            padding: 0x50,
-            flags: 0,
-            length,
-            offset: self.offset,
-            file_id: FILE,
-            minimum_count: 0,
-            channel: 0,
-            remaining_bytes: 0,
-            channel_info_offset: 0,
-            channel_info_length: 0,
-        }
-        .emit(&mut body)
-        .unwrap();
+        read_at(self.offset, length).emit(&mut body).unwrap();
         let charge = self.read_len.div_ceil(65536).max(1) as u16;
         self.charged(Command::READ, charge, charge, &body)
     }
@@ -976,23 +986,8 @@ fn a_bad_record_fails_and_a_cut_frame_goes_on_as_it_came() {
 /// the server gives it); a longer one is not the prediction's to answer and goes on to far.
 #[test]
 fn a_read_shorter_than_its_prediction_gets_the_answer_cut_to_its_length() {
-    let read = |length| ReadRequest {
-        padding: 0x50,
-        flags: 0,
-        length,
-        offset: 4096,
-        file_id: FILE,
-        minimum_count: 0,
-        channel: 0,
-        remaining_bytes: 0,
-        channel_info_offset: 0,
-        channel_info_length: 0,
-    };
-    let request = |length| {
-        let mut body = vec![0; ReadRequest::LEN];
-        read(length).emit(&mut body).unwrap();
-        message(&header(Command::READ, 9, 1, 1), &body)
-    };
+    let read = |length| read_at(4096, length);
+    let request = |length| read_message(&header(Command::READ, 9, 1, 1), &read(length));
     let h = header(Command::READ, 9, 1, 1);
     let mut body = vec![0; ReadResponse::LEN];
     ReadResponse {
@@ -1069,22 +1064,9 @@ fn a_miss_withdraws_what_near_holds_and_nothing_waits_forever() {
 /// prediction's announcement is answered once, by whichever answer far sends for it.
 #[test]
 fn near_resolves_its_races_with_far_once() {
-    let read = ReadRequest {
-        padding: 0x50,
-        flags: 0,
-        length: 4096,
-        offset: 0,
-        file_id: FILE,
-        minimum_count: 0,
-        channel: 0,
-        remaining_bytes: 0,
-        channel_info_offset: 0,
-        channel_info_length: 0,
-    };
+    let read = read_at(0, 4096);
     let h = header(Command::READ, 5, 1, 1);
-    let mut body = vec![0; ReadRequest::LEN];
-    read.emit(&mut body).unwrap();
-    let request = message(&h, &body);
+    let request = read_message(&h, &read);
     let key = super::ReadKey::of(&h, &read);
     let answer = message(
         &Header {
@@ -1142,22 +1124,9 @@ fn near_resolves_its_races_with_far_once() {
 /// prediction meanwhile waits for the frame's end: the client's stream stays whole frames.
 #[test]
 fn nothing_cuts_into_a_frame_streaming_through() {
-    let read = ReadRequest {
-        padding: 0x50,
-        flags: 0,
-        length: 4096,
-        offset: 0,
-        file_id: FILE,
-        minimum_count: 0,
-        channel: 0,
-        remaining_bytes: 0,
-        channel_info_offset: 0,
-        channel_info_length: 0,
-    };
+    let read = read_at(0, 4096);
     let h = header(Command::READ, 9, 1, 1);
-    let mut body = vec![0; ReadRequest::LEN];
-    read.emit(&mut body).unwrap();
-    let request = message(&h, &body);
+    let request = read_message(&h, &read);
     let small = message(
         &Header {
             flags: flags::SERVER_TO_REDIR,
@@ -1228,25 +1197,11 @@ fn a_withdrawn_read_sent_on_late_gets_a_fresh_id() {
     let echo = message(&header(Command::ECHO, k + 2, 1, 1), &[4, 0, 0, 0]);
     far.from_peer(&framed(&echo)).unwrap();
     pass(&mut far, &mut server);
-    let read = ReadRequest {
-        padding: 0x50,
-        flags: 0,
-        length: 64 << 10,
-        offset: 64 << 10,
-        file_id: FILE,
-        minimum_count: 0,
-        channel: 0,
-        remaining_bytes: 0,
-        channel_info_offset: 0,
-        channel_info_length: 0,
-    };
-    let mut body = vec![0; ReadRequest::LEN];
-    read.emit(&mut body).unwrap();
-    far.from_peer(&framed(&message(
+    let read = read_message(
         &header(Command::READ, k + 1, 1, 1),
-        &body,
-    )))
-    .unwrap();
+        &read_at(64 << 10, 64 << 10),
+    );
+    far.from_peer(&framed(&read)).unwrap();
     pass(&mut far, &mut server);
     assert!(server.violations.is_empty(), "{:?}", server.violations);
     // And its answer reaches near with the client's id.
