@@ -835,6 +835,21 @@ fn frames_the_engine_cannot_read_pass_through_unchanged() {
     }
 }
 
+/// Hands what far has for the server to the server, and the server's answers back to far.
+fn serve(far: &mut Splice, server: &mut Server, to_server: &mut Frames) {
+    let bytes = far.to_end().to_vec();
+    far.end_written(bytes.len());
+    let mut frames = Vec::new();
+    to_server
+        .feed(&bytes, |k| k == 0, |_, f| frames.push(f))
+        .unwrap();
+    for frame in frames {
+        for answer in server.answer(&frame) {
+            far.from_end(&framed(&answer)).unwrap();
+        }
+    }
+}
+
 /// Runs a session through far alone (near's part played by hand: far's SMB records go
 /// straight to the client) until `stop` holds; far's records so far are returned.
 fn drive_far(far: &mut Splice, stop: impl Fn(&[Record]) -> bool) -> (Client, Server, Vec<Record>) {
@@ -846,17 +861,7 @@ fn drive_far(far: &mut Splice, stop: impl Fn(&[Record]) -> bool) -> (Client, Ser
         if stop(&records) {
             return (client, server, records);
         }
-        let bytes = far.to_end().to_vec();
-        far.end_written(bytes.len());
-        let mut frames = Vec::new();
-        to_server
-            .feed(&bytes, |k| k == 0, |_, f| frames.push(f))
-            .unwrap();
-        for frame in frames {
-            for answer in server.answer(&frame) {
-                far.from_end(&framed(&answer)).unwrap();
-            }
-        }
+        serve(far, &mut server, &mut to_server);
         let bytes = far.to_peer().to_vec();
         far.peer_written(bytes.len());
         let mut got = Vec::new();
@@ -1180,19 +1185,7 @@ fn a_withdrawn_read_sent_on_late_gets_a_fresh_id() {
     });
     let k = client.last_id;
     let mut to_server = Frames::new();
-    let mut pass = |far: &mut Splice, server: &mut Server| {
-        let bytes = far.to_end().to_vec();
-        far.end_written(bytes.len());
-        let mut frames = Vec::new();
-        to_server
-            .feed(&bytes, |k| k == 0, |_, f| frames.push(f))
-            .unwrap();
-        for frame in frames {
-            for answer in server.answer(&frame) {
-                far.from_end(&framed(&answer)).unwrap();
-            }
-        }
-    };
+    let mut pass = |far: &mut Splice, server: &mut Server| serve(far, server, &mut to_server);
     pass(&mut far, &mut server);
     let echo = message(&header(Command::ECHO, k + 2, 1, 1), &[4, 0, 0, 0]);
     far.from_peer(&framed(&echo)).unwrap();
