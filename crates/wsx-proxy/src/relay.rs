@@ -779,7 +779,6 @@ mod tests {
     #[tokio::test]
     async fn a_watch_reads_every_byte_once_in_order() {
         use crate::smb::{SmbTotals, Watch};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let captures = concat!(env!("CARGO_MANIFEST_DIR"), "/../wsx-smb/tests/captures/");
         let read = |name: &str| {
             std::fs::read(format!("{captures}{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -795,35 +794,13 @@ mod tests {
             };
             let totals = Arc::new(SmbTotals::default());
             let mut watch = Some(Watch::new(totals.clone()));
-            let (mut app_client, mut client_side) = pair().await;
-            let (mut server_side, mut app_server) = pair().await;
+            let (app_client, mut client_side) = pair().await;
+            let (mut server_side, app_server) = pair().await;
             let relay = tokio::spawn(async move {
                 copy_both(&mut client_side, &mut server_side, &buffers, &mut watch).await
             });
-            let (sent_up, sent_down) = (requests.clone(), responses.clone());
-            let client = tokio::spawn(async move {
-                app_client.write_all(&sent_up).await?;
-                app_client.shutdown().await?;
-                let mut got = Vec::new();
-                app_client.read_to_end(&mut got).await.map(|_| got)
-            });
-            app_server
-                .write_all(&sent_down)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            app_server
-                .shutdown()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let mut up = Vec::new();
-            app_server
-                .read_to_end(&mut up)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let down = client
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .unwrap_or_else(|e| panic!("{e}"));
+            let exchanged = exchange(app_client, app_server, &requests, &responses, None);
+            let (up, down) = exchanged.await;
             assert!(up == requests && down == responses, "relayed as sent");
             let copied = relay.await.unwrap_or_else(|e| panic!("{e}"));
             assert!(copied.is_ok(), "{copied:?}");
@@ -851,7 +828,6 @@ mod tests {
     #[tokio::test]
     async fn a_session_crosses_both_engine_halves_byte_for_byte() {
         use crate::smb::{Engine, SmbTotals};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let captures = concat!(env!("CARGO_MANIFEST_DIR"), "/../wsx-smb/tests/captures/");
         let read = |name: &str| {
             std::fs::read(format!("{captures}{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -863,9 +839,9 @@ mod tests {
                 size,
             };
             let totals = Arc::new(SmbTotals::default());
-            let (mut app_client, mut client_side) = pair().await;
+            let (app_client, mut client_side) = pair().await;
             let (mut near_peer, mut far_peer) = pair().await;
-            let (mut server_side, mut app_server) = pair().await;
+            let (mut server_side, app_server) = pair().await;
             let (near_buffers, near_totals) = (buffers.clone(), totals.clone());
             let near = tokio::spawn(async move {
                 let mut engine = Engine::near(near_totals);
@@ -894,35 +870,13 @@ mod tests {
                 drop(engine);
                 copied
             });
-            let sent_up = requests.clone();
-            let client = tokio::spawn(async move {
-                app_client.write_all(&sent_up).await?;
-                app_client.shutdown().await?;
-                let mut got = Vec::new();
-                app_client.read_to_end(&mut got).await.map(|_| got)
-            });
             // The client sends all its requests at once and closes; far sends on only
             // what the server's credits allow (the recorded client sent each within its
             // credits) and holds the rest, and with it the close, until the server's
             // answers bring the credits.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            app_server
-                .write_all(&responses)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            app_server
-                .shutdown()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let mut up = Vec::new();
-            app_server
-                .read_to_end(&mut up)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let down = client
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .unwrap_or_else(|e| panic!("{e}"));
+            let answer_after = Some(Duration::from_millis(100));
+            let exchanged = exchange(app_client, app_server, &requests, &responses, answer_after);
+            let (up, down) = exchanged.await;
             assert!(up == requests, "the server got the client's bytes");
             assert!(down == responses, "the client got the server's bytes");
             for relay in [near, far] {
@@ -933,6 +887,46 @@ mod tests {
             assert_eq!(stats.engine_sessions, 2);
             assert_eq!(stats.held_bytes, 0, "{stats:?}");
         }
+    }
+
+    /// Plays a recorded session's two ends: the client sends `requests` and closes, the
+    /// server (after `answer_after`) sends `responses` and closes; what each read.
+    async fn exchange(
+        mut app_client: TcpStream,
+        mut app_server: TcpStream,
+        requests: &[u8],
+        responses: &[u8],
+        answer_after: Option<Duration>,
+    ) -> (Vec<u8>, Vec<u8>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sent_up = requests.to_vec();
+        let client = tokio::spawn(async move {
+            app_client.write_all(&sent_up).await?;
+            app_client.shutdown().await?;
+            let mut got = Vec::new();
+            app_client.read_to_end(&mut got).await.map(|_| got)
+        });
+        if let Some(delay) = answer_after {
+            tokio::time::sleep(delay).await;
+        }
+        app_server
+            .write_all(responses)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        app_server
+            .shutdown()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut up = Vec::new();
+        app_server
+            .read_to_end(&mut up)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let down = client
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        (up, down)
     }
 
     /// A connected pair of loopback TCP sockets.

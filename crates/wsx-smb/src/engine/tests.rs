@@ -892,24 +892,21 @@ fn bytes_that_are_not_smb_cross_both_halves_as_they_came() {
     let request = b"GET / HTTP/1.1\r\nHost: files\r\n\r\n".repeat(100);
     let reply = b"\x85\x00\x00\x00HTTP/1.1 200 OK\r\n\r\nhello".repeat(100);
     let mut seed = 7;
+    // One end's bytes through its half, the stream, and the other half to its end.
+    let cross = |from: &mut Splice, to: &mut Splice, piece: &[u8], out: &mut Vec<u8>| {
+        from.from_end(piece).unwrap();
+        let wire = from.to_peer().to_vec();
+        from.peer_written(wire.len());
+        to.from_peer(&wire).unwrap();
+        out.extend_from_slice(to.to_end());
+        to.end_written(to.to_end().len());
+    };
     let (mut at_server, mut at_client) = (Vec::new(), Vec::new());
     for piece in pieces(&request, &mut seed) {
-        near.from_end(&piece).unwrap();
-        let wire = near.to_peer().to_vec();
-        near.peer_written(wire.len());
-        far.from_peer(&wire).unwrap();
-        at_server.extend_from_slice(far.to_end());
-        let n = far.to_end().len();
-        far.end_written(n);
+        cross(&mut near, &mut far, &piece, &mut at_server);
     }
     for piece in pieces(&reply, &mut seed) {
-        far.from_end(&piece).unwrap();
-        let wire = far.to_peer().to_vec();
-        far.peer_written(wire.len());
-        near.from_peer(&wire).unwrap();
-        at_client.extend_from_slice(near.to_end());
-        let n = near.to_end().len();
-        near.end_written(n);
+        cross(&mut far, &mut near, &piece, &mut at_client);
     }
     assert!(at_server == request, "the server got the client's bytes");
     assert!(at_client == reply, "the client got the server's bytes");
