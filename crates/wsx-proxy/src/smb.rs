@@ -20,8 +20,11 @@ pub(crate) const PORT: u16 = 445;
 
 /// This gateway's bit in the tunnel's application extensions
 /// ([`wsx_tunnel::TransportConfig::app_extensions`]): it runs the read-ahead engine on a
-/// stream whose hint is [`HINT`].
-pub(crate) const EXTENSION: u32 = 1;
+/// stream whose hint is [`HINT`]. Bit 1, the engine's records as `wsx_smb::engine::link`
+/// has them since ANNOUNCE carries a QUERY_INFO as well as a READ; bit 0 was the READ-only
+/// records, which this gateway no longer speaks (a peer offering only it gets the plain
+/// relay).
+pub(crate) const EXTENSION: u32 = 1 << 1;
 
 /// The hint of a stream that carries the engine's records
 /// ([`wsx_smb::engine::link`]) instead of the session's bytes.

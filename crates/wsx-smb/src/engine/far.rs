@@ -1,8 +1,17 @@
 //! Far: the server's gateway. It relays the client's frames to the server and the server's
-//! to near, and for an unsigned session reads ahead of a client reading a file: it issues
-//! the READs the client will send next with the MessageIds the client will use (the last
-//! READ's id plus its credit charge, and so on), inside the server's credit window, and
-//! ships each answer to near after announcing it.
+//! to near, and for an unsigned session acts ahead of the client: it issues the requests
+//! the client will send next with the MessageIds the client will use, inside the server's
+//! credit window, and ships each answer to near after announcing it. Two kinds:
+//!
+//! - **Read-ahead.** A client reading a file: the READs that follow (the last READ's id
+//!   plus its credit charge, and so on), each of the client's block, or of the file's rest
+//!   at its end if the client asks only that.
+//! - **Open-ahead.** A file just opened (its CREATE answered): what the client did after
+//!   opening the last file it opened (its QUERY_INFOs, then its first READ; a `Script`
+//!   learnt from the requests that reached far), with the ids that follow the CREATE's,
+//!   played only if the client has sent nothing since its CREATE and nothing else is
+//!   predicted. Beyond that first READ, read-ahead goes on once the client has taken it.
+//!   A miss forgets the script; far learns it again from the next file opened.
 //!
 //! - **Ids.** While predictions hold, the server sees exactly the client's ids. A client
 //!   request whose id a prediction already used (the client sent something else) is a
@@ -21,24 +30,27 @@
 //!   a Level II, exclusive or batch oplock (its end of file from the CREATE answer), one
 //!   file at a time, up to `window` bytes beyond what the client has consumed, never past
 //!   its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
-//!   the server, or a READ that is not the predicted one stops it.
+//!   the server, or a READ that is not the predicted one stops it. The same files are
+//!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
-//!   forgotten at its CLOSE; requests waiting for credits are bounded by the client's own
+//!   forgotten at its CLOSE; a script holds at most [`MAX_SCRIPT_QUERIES`] queries; requests waiting for credits are bounded by the client's own
 //!   window (it cannot send more than it was granted).
 //! - **Answers.** An interim answer (STATUS_PENDING) to a prediction is kept back and its
 //!   credits added to the final one, which is made synchronous (the client never saw the
 //!   interim): what near hands the client is what the server would have sent it.
 
-use super::{EngineStats, ReadKey, Record, charge_of, single_read};
+use super::{EngineStats, Key, Record, charge_of, single_request};
 use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
-use crate::wire::le64;
-use crate::wire::messages::{FileId, ReadRequest};
+use crate::wire::messages::{FileId, QueryInfoRequest, ReadRequest, file_id_of};
+use crate::wire::{le32, le64};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 /// `ShareAccess` bit: other opens may write.
 const FILE_SHARE_WRITE: u32 = 0x2;
+/// `FileAttributes` bit: a directory, which has no data to READ.
+const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x10;
 /// Oplock levels that let a client cache reads: Level II, exclusive, batch.
 const READ_CACHING_OPLOCKS: [u8; 3] = [0x01, 0x08, 0x09];
 /// Predictions outstanding at most per session, whatever the window.
@@ -59,12 +71,39 @@ enum Pending {
     },
 }
 
-/// A prediction a client READ crossed: the prediction, and the length the READ asked.
+/// A prediction a client request crossed: the prediction, and what the request asked.
 #[derive(Debug, Clone, Copy)]
 struct Claimed {
+    key: Key,
+    asked: Key,
+}
+
+/// What a client did with the files it opened, after each CREATE: the QUERY_INFOs it sent
+/// before reading, and its first READ (at offset 0), if it read. Far learns it from the
+/// last file it saw opened without predictions and plays it for the next one. A first READ
+/// that took the whole file may have asked for less than the client's block (it asked for
+/// the file's size): far then plays a READ of the charge it had, as long as that allows.
+#[derive(Debug, Clone, Default)]
+struct Script {
+    queries: Vec<(Header, QueryInfoRequest)>,
+    read: Option<(Header, ReadRequest)>,
+}
+
+/// Bytes a READ may ask per credit it is charged (SMB 2.1 on).
+const BYTES_PER_CREDIT: u32 = 65536;
+
+/// Queries a script holds at most.
+pub const MAX_SCRIPT_QUERIES: usize = 4;
+
+/// A file whose CREATE was just answered: the ids and the tree of the requests to play.
+#[derive(Debug, Clone, Copy)]
+struct Opened {
     file_id: FileId,
-    key: ReadKey,
-    length: u32,
+    /// The client id after the CREATE's.
+    next_id: u64,
+    session_id: u64,
+    tree_id: u32,
+    directory: bool,
 }
 
 /// A file the client opened.
@@ -81,6 +120,12 @@ struct File {
     next_offset: u64,
     next_id: u64,
     consumed_to: u64,
+    /// The client's requests on it so far, while far learns a [`Script`] from it.
+    learning: Option<Script>,
+    /// The client has read it as far predicts: beyond a script's first READ, far reads
+    /// ahead only once the client has taken it (a script's guess of the client's block may
+    /// be wrong, and a window of wrong READs costs the server).
+    confirmed: bool,
 }
 
 /// The server's half of the engine; see the module documentation.
@@ -92,7 +137,7 @@ pub struct Far {
     /// By server id.
     pending: HashMap<u64, Pending>,
     /// Outstanding predictions, by the client id each is for.
-    predictions: BTreeMap<u64, (FileId, ReadKey)>,
+    predictions: BTreeMap<u64, Key>,
     /// Server id = client id + `shift` (0 until the first miss).
     shift: u64,
     /// Client ids below a miss's that a withdrawn prediction had (near held the client's
@@ -101,6 +146,14 @@ pub struct Far {
     late: BTreeSet<u64>,
     /// One past the highest server id used.
     top: u64,
+    /// One past the highest client id seen.
+    client_next: u64,
+    /// What the client does after opening a file, if far has learnt it.
+    script: Option<Script>,
+    /// Whether the client asks no more than a file's rest in its last READ.
+    clips: bool,
+    /// A file just opened, whose script far plays at the next chance.
+    opened: Option<Opened>,
     /// CREATE requests sent, by server id: share access and requested oplock.
     creates: HashMap<u64, u32>,
     files: HashMap<FileId, File>,
@@ -125,6 +178,10 @@ impl Far {
             shift: 0,
             late: BTreeSet::new(),
             top: 0,
+            client_next: 0,
+            script: None,
+            clips: true,
+            opened: None,
             creates: HashMap::new(),
             files: HashMap::new(),
             active: None,
@@ -148,12 +205,8 @@ impl Far {
                 }
             }
             Record::Consumed { message_id } => {
-                if let Some((file_id, key)) = self.predictions.remove(&message_id) {
-                    if let Some(file) = self.files.get_mut(&file_id) {
-                        file.consumed_to = file
-                            .consumed_to
-                            .max(key.offset.saturating_add(u64::from(key.length)));
-                    }
+                if let Some(key) = self.predictions.remove(&message_id) {
+                    self.consumed(&key);
                 }
             }
             // Only near is told these.
@@ -202,7 +255,8 @@ impl Far {
                     }
                     if command == Command::CREATE && !interim {
                         if header.status == status::SUCCESS {
-                            self.created(header.message_id, &frame[at + HEADER_LEN..at + len]);
+                            let body = &frame[at + HEADER_LEN..at + len];
+                            self.created(&header, client_id, body);
                         } else {
                             self.creates.remove(&header.message_id);
                         }
@@ -232,6 +286,7 @@ impl Far {
                 break;
             }
         }
+        self.open_ahead();
         self.read_ahead();
     }
 
@@ -282,7 +337,7 @@ impl Far {
     /// Sends a client frame on, its ids made the server's; gives it back if it needs fresh
     /// ids the server has not granted yet.
     fn try_client_frame(&mut self, mut frame: Vec<u8>) -> Result<(), Vec<u8>> {
-        if let Some((id, key)) = single_read(&frame)
+        if let Some((id, key)) = single_request(&frame)
             && self.claim(id, &key)
         {
             return Ok(());
@@ -341,6 +396,7 @@ impl Far {
                 self.stats.remapped += 1;
             }
             self.top = self.top.max(server_id.saturating_add(charge));
+            self.client_next = self.client_next.max(client_id.saturating_add(charge));
             // Whatever the request (but the active file's next READ, which `client_read`
             // judges), it has taken ids a prediction would otherwise have had.
             let body = &frame[at + HEADER_LEN..at + len];
@@ -365,39 +421,43 @@ impl Far {
         Ok(())
     }
 
-    /// A client READ with id `id` that near passed on while the prediction for that id was
-    /// on its way to near: if it asks what the prediction asks (or less), it is the
-    /// prediction's, and not a miss. Its answer goes to near as the server's answer to it,
-    /// or went already as PREFETCHED, which near gives the client (it takes the
-    /// announcement that crossed its READ as asked).
-    fn claim(&mut self, id: u64, key: &ReadKey) -> bool {
-        let Some(&(file_id, predicted)) = self.predictions.get(&id) else {
+    /// A client request with id `id` that near passed on while the prediction for that id
+    /// was on its way to near: if it asks what the prediction asks (or, a READ, less), it
+    /// is the prediction's, and not a miss. Its answer goes to near as the server's answer
+    /// to it, or went already as PREFETCHED, which near gives the client (it takes the
+    /// announcement that crossed its request as asked).
+    fn claim(&mut self, id: u64, asked: &Key) -> bool {
+        let Some(&key) = self.predictions.get(&id) else {
             return false;
         };
-        if !predicted.covers(key) {
+        if !key.covers(asked) {
             return false;
         }
         self.predictions.remove(&id);
-        if let Some(file) = self.files.get_mut(&file_id) {
-            file.consumed_to = file
-                .consumed_to
-                .max(predicted.offset.saturating_add(u64::from(predicted.length)));
-        }
+        self.consumed(&key);
         for pending in self.pending.values_mut() {
             if let Pending::Prediction {
                 client_id, claimed, ..
             } = pending
                 && *client_id == id
             {
-                *claimed = Some(Claimed {
-                    file_id,
-                    key: predicted,
-                    length: key.length,
-                });
+                *claimed = Some(Claimed { key, asked: *asked });
             }
         }
         self.stats.crossed += 1;
         true
+    }
+
+    /// The client has had the answer to the prediction with `key`.
+    fn consumed(&mut self, key: &Key) {
+        if let Key::Read(read) = key
+            && let Some(file) = self.files.get_mut(&read.file_id)
+        {
+            file.confirmed = true;
+            file.consumed_to = file
+                .consumed_to
+                .max(read.offset.saturating_add(u64::from(read.length)));
+        }
     }
 
     /// What a client request means for read-ahead.
@@ -415,18 +475,41 @@ impl Far {
                     self.client_read(header, &read);
                 }
             }
+            Command::QUERY_INFO => {
+                if let Ok(query) = QueryInfoRequest::parse(body)
+                    && let Some(file) = self.files.get_mut(&query.file_id)
+                    && let Some(script) = &mut file.learning
+                {
+                    if query.input_buffer_length == 0 && script.queries.len() < MAX_SCRIPT_QUERIES {
+                        script.queries.push((*header, query));
+                    } else {
+                        file.learning = None;
+                    }
+                }
+            }
             Command::CLOSE => {
                 self.stop_all();
-                // FileId (16 at 8): the file is gone from the client's view.
-                if let Some(id) = body.get(8..24) {
-                    self.files.remove(&FileId::parse(id));
+                // The file is gone from the client's view. One it did not read teaches
+                // what the client does with a file it opens only to look at.
+                if let Some(file) =
+                    file_id_of(Command::CLOSE, body).and_then(|id| self.files.remove(&id))
+                    && let Some(script) = file.learning
+                {
+                    self.script = Some(script);
                 }
             }
             Command::WRITE
             | Command::SET_INFO
             | Command::FLUSH
             | Command::LOCK
-            | Command::IOCTL => self.stop_all(),
+            | Command::IOCTL => {
+                self.stop_all();
+                if let Some(file) =
+                    file_id_of(header.command, body).and_then(|id| self.files.get_mut(&id))
+                {
+                    file.learning = None;
+                }
+            }
             _ => {}
         }
     }
@@ -439,12 +522,32 @@ impl Far {
             return;
         };
         let next = read.offset.saturating_add(u64::from(read.length));
+        if let Some(mut script) = file.learning.take()
+            && read.offset == 0
+        {
+            let mut read = *read;
+            if u64::from(read.length) >= file.end_of_file {
+                read.length = read.length.div_ceil(BYTES_PER_CREDIT).max(1) * BYTES_PER_CREDIT;
+            }
+            script.read = Some((*header, read));
+            self.script = Some(script);
+        }
+        // A READ past the end asks the whole block; one that ends at the end and asks less
+        // than the block asks only the rest.
+        if next > file.end_of_file {
+            self.clips = false;
+        } else if next == file.end_of_file
+            && file.template.is_some_and(|(_, t)| read.length < t.length)
+        {
+            self.clips = true;
+        }
         match &file.template {
             None if unsigned && file.eligible && !file.stopped && self.active.is_none() => {
                 file.template = Some((*header, *read));
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
                 file.consumed_to = next;
+                file.confirmed = true;
                 self.active = Some(read.file_id);
             }
             Some((_, template))
@@ -458,35 +561,174 @@ impl Far {
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
                 file.consumed_to = next;
+                file.confirmed = true;
             }
             Some(_) => file.stopped = true,
             None => {}
         }
     }
 
-    /// A CREATE answered: the file, its end and whether it may be read ahead.
-    fn created(&mut self, server_id: u64, body: &[u8]) {
-        let Some(share) = self.creates.remove(&server_id) else {
+    /// A CREATE answered (the client's `client_id`): the file, its end, whether it may be
+    /// read ahead, and the script to play for it.
+    fn created(&mut self, header: &Header, client_id: u64, body: &[u8]) {
+        let Some(share) = self.creates.remove(&header.message_id) else {
             return;
         };
-        // OplockLevel (at 2), EndofFile (8 at 48), FileId (16 at 64).
-        let (Some(&oplock), Some(eof), Some(id)) =
-            (body.get(2), body.get(48..56), body.get(64..80))
-        else {
+        // OplockLevel (at 2), EndofFile (8 at 48), FileAttributes (4 at 56), FileId (16 at 64).
+        let (Some(&oplock), Some(eof), Some(attributes), Some(id)) = (
+            body.get(2),
+            body.get(48..56),
+            body.get(56..60),
+            body.get(64..80),
+        ) else {
+            return;
+        };
+        let file_id = FileId::parse(id);
+        let eligible = share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock);
+        let TreeOrAsync::Tree { tree_id, .. } = header.tree_or_async else {
             return;
         };
         self.files.insert(
-            FileId::parse(id),
+            file_id,
             File {
                 end_of_file: le64(eof, 0),
-                eligible: share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock),
+                eligible,
                 stopped: false,
                 template: None,
                 next_offset: 0,
                 next_id: 0,
                 consumed_to: 0,
+                learning: Some(Script::default()),
+                confirmed: false,
             },
         );
+        if eligible {
+            self.opened = Some(Opened {
+                file_id,
+                next_id: client_id.saturating_add(charge_of(header.credit_charge)),
+                session_id: header.session_id,
+                tree_id,
+                directory: le32(attributes, 0) & FILE_ATTRIBUTE_DIRECTORY != 0,
+            });
+        }
+    }
+
+    /// Plays the script for the file just opened, if the client has sent nothing since its
+    /// CREATE and nothing else is predicted: its QUERY_INFOs with the ids the client will
+    /// give them, then its first READ, from which [`Self::read_ahead`] goes on.
+    fn open_ahead(&mut self) {
+        let Some(opened) = self.opened.take() else {
+            return;
+        };
+        if self.through
+            || self.window == 0
+            || self.observer.verdict() != Verdict::Unsigned
+            || !self.predictions.is_empty()
+            || self.client_next != opened.next_id
+        {
+            return;
+        }
+        let Some(script) = self.script.clone() else {
+            return;
+        };
+        // What the client does with this file is what far predicts, not what it learns.
+        if let Some(file) = self.files.get_mut(&opened.file_id) {
+            file.learning = None;
+        }
+        let mut id = opened.next_id;
+        for (header, query) in script.queries {
+            let request = Header {
+                message_id: id,
+                session_id: opened.session_id,
+                tree_or_async: TreeOrAsync::Tree {
+                    reserved: 0,
+                    tree_id: opened.tree_id,
+                },
+                ..header
+            };
+            let query = QueryInfoRequest {
+                file_id: opened.file_id,
+                ..query
+            };
+            let mut message = vec![0; HEADER_LEN + QueryInfoRequest::LEN];
+            if query.emit(&mut message[HEADER_LEN..]).is_none() {
+                return;
+            }
+            let Some(next) = self.predict(request, message) else {
+                return;
+            };
+            id = next;
+        }
+        let Some((header, read)) = script.read.filter(|_| !opened.directory) else {
+            return;
+        };
+        let Some(file) = self.files.get_mut(&opened.file_id) else {
+            return;
+        };
+        let header = Header {
+            session_id: opened.session_id,
+            tree_or_async: TreeOrAsync::Tree {
+                reserved: 0,
+                tree_id: opened.tree_id,
+            },
+            ..header
+        };
+        let read = ReadRequest {
+            file_id: opened.file_id,
+            ..read
+        };
+        file.template = Some((header, read));
+        file.next_id = id;
+        self.active = Some(opened.file_id);
+    }
+
+    /// Sends the server `message`, a request with `header` (the client's id for it, the
+    /// credits to ask) and its body, as a prediction, and announces it to near; the client
+    /// id after it, or `None` if the ids, the credits or the limits do not allow it.
+    fn predict(&mut self, header: Header, mut message: Vec<u8>) -> Option<u64> {
+        let id = header.message_id;
+        let charge = charge_of(header.credit_charge);
+        let server_id = id.saturating_add(self.shift);
+        if server_id.saturating_add(charge) > self.window_end
+            || server_id < self.top
+            || self.collides(id, charge)
+            || self.predictions.len() >= MAX_PREDICTIONS
+        {
+            return None;
+        }
+        // Ask at least the credits the request spends: a prediction the client never uses
+        // must leave the server's window no shorter than the client's.
+        let request = Header {
+            status: 0,
+            flags: 0,
+            next_command: 0,
+            credits: header
+                .credits
+                .max(u16::try_from(charge).unwrap_or(u16::MAX)),
+            signature: [0; 16],
+            ..header
+        };
+        request.emit(&mut message)?;
+        let key = Key::of(&request, &message[HEADER_LEN..])?;
+        self.to_near.push_back(Record::Announce {
+            message_id: id,
+            key,
+        });
+        message[24..32].copy_from_slice(&server_id.to_le_bytes());
+        self.to_server.push_back(message);
+        self.predictions.insert(id, key);
+        self.pending.insert(
+            server_id,
+            Pending::Prediction {
+                client_id: id,
+                interim_credits: 0,
+                claimed: None,
+            },
+        );
+        self.top = self.top.max(server_id.saturating_add(charge));
+        self.stats.prefetched += 1;
+        self.stats.prefetched_bytes += u64::from(key.read_length());
+        Some(id.saturating_add(charge))
     }
 
     /// The final answer to a prediction: made synchronous, the interim's credits added, and
@@ -499,15 +741,15 @@ impl Far {
         interim_credits: u16,
         claimed: Option<Claimed>,
     ) {
-        let (file_id, key) = match (claimed, self.predictions.get(&client_id)) {
-            (Some(c), _) => (c.file_id, c.key),
+        let key = match (claimed, self.predictions.get(&client_id)) {
+            (Some(c), _) => c.key,
             (None, Some(&found)) => found,
             // Missed: its id went to another request. Nothing to give.
             (None, None) => return,
         };
         if message.len() > MAX_FRAME_LEN - 8 {
             // Longer than a record can carry (a server answering more than was asked):
-            // withdrawn, so that near sends the client's READ, if it holds one, on.
+            // withdrawn, so that near sends the client's request, if it holds one, on.
             self.predictions.remove(&client_id);
             self.late.insert(client_id);
             self.to_near.push_back(Record::Withdrawn {
@@ -515,6 +757,10 @@ impl Far {
             });
             return;
         }
+        let tree_id = match key {
+            Key::Read(read) => read.tree_id,
+            Key::Query(query) => query.tree_id,
+        };
         let mut answer = message.to_vec();
         let sync = Header {
             message_id: client_id,
@@ -523,7 +769,7 @@ impl Far {
             next_command: 0,
             tree_or_async: TreeOrAsync::Tree {
                 reserved: 0,
-                tree_id: key.tree_id,
+                tree_id,
             },
             ..*header
         };
@@ -531,14 +777,15 @@ impl Far {
             return;
         }
         if header.status != status::SUCCESS
-            && let Some(file) = self.files.get_mut(&file_id)
+            && let Key::Read(read) = key
+            && let Some(file) = self.files.get_mut(&read.file_id)
         {
             // The end of the file, or an error: nothing further to read ahead.
             file.stopped = true;
         }
         match claimed {
-            Some(Claimed { length, .. }) => {
-                super::cut(&mut answer, length);
+            Some(Claimed { asked, .. }) => {
+                asked.cut_for(&mut answer);
                 self.to_near.push_back(Record::Smb(answer));
             }
             None => self.to_near.push_back(Record::Prefetched {
@@ -548,7 +795,7 @@ impl Far {
         }
     }
 
-    /// Issues the predictions the window, the credits and the file allow.
+    /// Issues the READs the window, the credits and the file allow.
     fn read_ahead(&mut self) {
         let Some(file_id) = self.active.filter(|_| !self.through) else {
             return;
@@ -563,67 +810,48 @@ impl Far {
             let Some((header, read)) = file.template else {
                 return;
             };
-            let charge = charge_of(header.credit_charge);
-            let id = file.next_id;
-            let server_id = id.saturating_add(self.shift);
+            let rest = file.end_of_file.saturating_sub(file.next_offset);
             if file.stopped
-                || file.next_offset >= file.end_of_file
+                || rest == 0
+                || (!file.confirmed && file.next_offset > 0)
                 || file.next_offset.saturating_sub(file.consumed_to) >= self.window
-                || server_id.saturating_add(charge) > self.window_end
-                || server_id < self.top
-                || self.collides(id, charge)
-                || self.predictions.len() >= MAX_PREDICTIONS
                 // Its answer, and the record that carries it, must fit a frame.
                 || read.length as usize > MAX_FRAME_LEN - 4096
             {
                 return;
             }
-            // Ask at least the credits the READ spends: a prediction the client never uses
-            // must leave the server's window no shorter than the client's.
-            let credits = header
-                .credits
-                .max(u16::try_from(charge).unwrap_or(u16::MAX));
+            // What the client will ask: the block, or only the file's rest if it clips, at
+            // the charge of what it asks (none in 2.0.2).
+            let length = if self.clips {
+                read.length.min(u32::try_from(rest).unwrap_or(u32::MAX))
+            } else {
+                read.length
+            };
+            let credit_charge = if header.credit_charge == 0 {
+                0
+            } else {
+                u16::try_from(length.div_ceil(65536).max(1)).unwrap_or(u16::MAX)
+            };
             let request = Header {
-                status: 0,
-                flags: 0,
-                next_command: 0,
-                message_id: id,
-                credits,
-                signature: [0; 16],
+                message_id: file.next_id,
+                credit_charge,
                 ..header
             };
             let read = ReadRequest {
                 offset: file.next_offset,
+                length,
                 ..read
             };
             let mut message = vec![0; HEADER_LEN + ReadRequest::LEN];
-            if request.emit(&mut message).is_none()
-                || read.emit(&mut message[HEADER_LEN..]).is_none()
-            {
+            if read.emit(&mut message[HEADER_LEN..]).is_none() {
                 return;
             }
-            let key = ReadKey::of(&request, &read);
-            self.to_near.push_back(Record::Announce {
-                message_id: id,
-                key,
-            });
-            message[24..32].copy_from_slice(&server_id.to_le_bytes());
-            self.to_server.push_back(message);
-            self.predictions.insert(id, (file_id, key));
-            self.pending.insert(
-                server_id,
-                Pending::Prediction {
-                    client_id: id,
-                    interim_credits: 0,
-                    claimed: None,
-                },
-            );
-            self.top = self.top.max(server_id.saturating_add(charge));
-            self.stats.prefetched += 1;
-            self.stats.prefetched_bytes += u64::from(read.length);
+            let Some(next_id) = self.predict(request, message) else {
+                return;
+            };
             if let Some(file) = self.files.get_mut(&file_id) {
-                file.next_offset = file.next_offset.saturating_add(u64::from(read.length));
-                file.next_id = id.saturating_add(charge);
+                file.next_offset = file.next_offset.saturating_add(u64::from(length));
+                file.next_id = next_id;
             }
         }
     }
@@ -637,21 +865,23 @@ impl Far {
     }
 
     /// The client used ids a prediction had (its request's id is `at`): every outstanding
-    /// prediction is lost (their ids are spent at the server) and withdrawn, and their
-    /// files' read-ahead stops.
+    /// prediction is lost (their ids are spent at the server) and withdrawn, their files'
+    /// read-ahead stops, and the script is forgotten (the client does something else now;
+    /// far learns again from the next file it opens).
     fn missed(&mut self, at: u64) {
-        for (id, (file_id, key)) in std::mem::take(&mut self.predictions) {
-            // Near may hold a client READ for it: it goes to the server after all.
+        for (id, key) in std::mem::take(&mut self.predictions) {
+            // Near may hold a client request for it: it goes to the server after all.
             self.to_near.push_back(Record::Withdrawn { message_id: id });
             if id < at {
                 self.late.insert(id);
             }
             self.stats.missed += 1;
-            self.stats.missed_bytes += u64::from(key.length);
-            if let Some(file) = self.files.get_mut(&file_id) {
+            self.stats.missed_bytes += u64::from(key.read_length());
+            if let Some(file) = self.files.get_mut(&key.file_id()) {
                 file.stopped = true;
             }
         }
+        self.script = None;
     }
 
     fn stop_all(&mut self) {

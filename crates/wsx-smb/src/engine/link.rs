@@ -6,15 +6,15 @@
 //! | type | name | from | payload |
 //! |---|---|---|---|
 //! | 0x00 | SMB | either | the frame's SMB2 message(s) |
-//! | 0x01 | ANNOUNCE | far | MessageId (8), the predicted READ's [`ReadKey`] |
+//! | 0x01 | ANNOUNCE | far | MessageId (8), the predicted request's [`Key`]: 0 and a READ's [`ReadKey`], or 1 and a QUERY_INFO's [`QueryKey`] |
 //! | 0x02 | PREFETCHED | far | MessageId (8), the server's answer (an SMB2 message) |
 //! | 0x03 | CONSUMED | near | MessageId (8): the client's READ was answered from it |
 //! | 0x04 | OPAQUE | either | none: the rest of this direction is its end's bytes as they came ([`OPAQUE`]) |
 //! | 0x05 | WITHDRAWN | far | MessageId (8): an announced prediction that will not be answered |
 
-use super::ReadKey;
+use super::{Key, QueryKey, ReadKey};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN};
-use crate::wire::messages::FileId;
+use crate::wire::messages::{FileId, QueryInfoRequest};
 use crate::wire::{le16, le32, le64};
 
 const SMB: u8 = 0x00;
@@ -34,8 +34,8 @@ pub(crate) const MAX_RECORD: u8 = WITHDRAWN;
 pub enum Record {
     /// An SMB frame's payload, relayed.
     Smb(Vec<u8>),
-    /// Far will issue this READ with this MessageId; its answer follows.
-    Announce { message_id: u64, key: ReadKey },
+    /// Far will issue this request with this MessageId; its answer follows.
+    Announce { message_id: u64, key: Key },
     /// The server's answer to an announced READ.
     Prefetched { message_id: u64, answer: Vec<u8> },
     /// The client's READ with this MessageId was answered from the prefetched answer.
@@ -56,6 +56,7 @@ pub enum RecordError {
 }
 
 const KEY_LEN: usize = 8 + 4 + 16 + 8 + 4 + 4 + 1 + 4 + 4 + 2;
+const QUERY_KEY_LEN: usize = 8 + 4 + QueryInfoRequest::LEN + 2;
 
 impl Record {
     /// Parses a record of `kind` (the frame's first byte) and `payload`.
@@ -71,13 +72,25 @@ impl Record {
             SMB => Ok(Self::Smb(payload.to_vec())),
             ANNOUNCE => {
                 let message_id = id(payload)?;
-                let k = payload
-                    .get(8..8 + KEY_LEN)
-                    .ok_or(RecordError::Truncated(kind))?;
-                Ok(Self::Announce {
-                    message_id,
-                    key: ReadKey::parse(k),
-                })
+                let truncated = RecordError::Truncated(kind);
+                let key = match payload.get(8) {
+                    Some(0) => Key::Read(ReadKey::parse(
+                        payload.get(9..9 + KEY_LEN).ok_or(truncated)?,
+                    )),
+                    Some(1) => {
+                        let b = payload.get(9..9 + QUERY_KEY_LEN).ok_or(truncated)?;
+                        let query = QueryInfoRequest::parse(&b[12..12 + QueryInfoRequest::LEN])
+                            .map_err(|_| truncated)?;
+                        Key::Query(QueryKey {
+                            session_id: le64(b, 0),
+                            tree_id: le32(b, 8),
+                            query,
+                            credit_charge: le16(b, 12 + QueryInfoRequest::LEN),
+                        })
+                    }
+                    _ => return Err(truncated),
+                };
+                Ok(Self::Announce { message_id, key })
             }
             PREFETCHED => Ok(Self::Prefetched {
                 message_id: id(payload)?,
@@ -97,7 +110,12 @@ impl Record {
     pub fn emit(&self, out: &mut Vec<u8>) -> Result<(), RecordError> {
         let (kind, len) = match self {
             Self::Smb(p) => (SMB, p.len()),
-            Self::Announce { .. } => (ANNOUNCE, 8 + KEY_LEN),
+            Self::Announce {
+                key: Key::Read(_), ..
+            } => (ANNOUNCE, 9 + KEY_LEN),
+            Self::Announce {
+                key: Key::Query(_), ..
+            } => (ANNOUNCE, 9 + QUERY_KEY_LEN),
             Self::Prefetched { answer, .. } => (PREFETCHED, 8 + answer.len()),
             Self::Consumed { .. } => (CONSUMED, 8),
             Self::Withdrawn { .. } => (WITHDRAWN, 8),
@@ -111,7 +129,21 @@ impl Record {
             Self::Smb(p) => out.extend_from_slice(p),
             Self::Announce { message_id, key } => {
                 out.extend_from_slice(&message_id.to_le_bytes());
-                key.emit(out);
+                match key {
+                    Key::Read(key) => {
+                        out.push(0);
+                        key.emit(out);
+                    }
+                    Key::Query(key) => {
+                        out.push(1);
+                        out.extend_from_slice(&key.session_id.to_le_bytes());
+                        out.extend_from_slice(&key.tree_id.to_le_bytes());
+                        let at = out.len();
+                        out.resize(at + QueryInfoRequest::LEN, 0);
+                        key.query.emit(&mut out[at..]);
+                        out.extend_from_slice(&key.credit_charge.to_le_bytes());
+                    }
+                }
             }
             Self::Prefetched { message_id, answer } => {
                 out.extend_from_slice(&message_id.to_le_bytes());
@@ -189,11 +221,55 @@ mod tests {
             )
     }
 
+    fn query_key() -> impl Strategy<Value = QueryKey> {
+        (
+            any::<(u64, u32, u16)>(),
+            any::<(u8, u8, u32, u16, u32)>(),
+            any::<(u32, u32, u64, u64)>(),
+        )
+            .prop_map(
+                |(
+                    (session_id, tree_id, credit_charge),
+                    (
+                        info_type,
+                        file_info_class,
+                        output_buffer_length,
+                        input_buffer_offset,
+                        input_buffer_length,
+                    ),
+                    (additional_information, flags, persistent, volatile),
+                )| QueryKey {
+                    session_id,
+                    tree_id,
+                    query: QueryInfoRequest {
+                        info_type,
+                        file_info_class,
+                        output_buffer_length,
+                        input_buffer_offset,
+                        input_buffer_length,
+                        additional_information,
+                        flags,
+                        file_id: FileId {
+                            persistent,
+                            volatile,
+                        },
+                    },
+                    credit_charge,
+                },
+            )
+    }
+
     fn record() -> impl Strategy<Value = Record> {
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..100).prop_map(Record::Smb),
-            (any::<u64>(), key())
-                .prop_map(|(message_id, key)| Record::Announce { message_id, key }),
+            (any::<u64>(), key()).prop_map(|(message_id, key)| Record::Announce {
+                message_id,
+                key: Key::Read(key)
+            }),
+            (any::<u64>(), query_key()).prop_map(|(message_id, key)| Record::Announce {
+                message_id,
+                key: Key::Query(key)
+            }),
             (any::<u64>(), prop::collection::vec(any::<u8>(), 0..100))
                 .prop_map(|(message_id, answer)| Record::Prefetched { message_id, answer }),
             any::<u64>().prop_map(|message_id| Record::Consumed { message_id }),

@@ -11,6 +11,10 @@
 //!  client ─READ m+c─> Near: matches ANNOUNCE m+c ─> the answer, at once; CONSUMED m+c ─> Far
 //! ```
 //!
+//! The same for a file just opened: with the CREATE's answer far announces the QUERY_INFO
+//! and the READ the client sent after its last CREATE, with the ids that follow, so near
+//! answers both; near answers the CLOSE itself. A file then takes one round trip.
+//!
 //! Both are pure state machines over whole frames ([`Near::from_client`],
 //! [`Near::from_far`], [`Far::from_near`], [`Far::from_server`], and `poll_*` for what they
 //! hand out). The gateway runs one in a [`Splice`], which takes and gives the session's
@@ -26,8 +30,8 @@ pub use link::{Record, RecordError};
 pub use near::Near;
 pub use splice::{Splice, SpliceError};
 
-use crate::wire::header::{Command, HEADER_LEN, Header, Messages, status};
-use crate::wire::messages::{FileId, ReadRequest, ReadResponse};
+use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, status};
+use crate::wire::messages::{FileId, QueryInfoRequest, ReadRequest, ReadResponse};
 
 /// What makes a READ the one predicted: the answer the server gives depends on nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,8 +52,8 @@ impl ReadKey {
     /// The key of a READ request with `header`.
     pub fn of(header: &Header, read: &ReadRequest) -> Self {
         let tree_id = match header.tree_or_async {
-            crate::wire::header::TreeOrAsync::Tree { tree_id, .. } => tree_id,
-            crate::wire::header::TreeOrAsync::Async(_) => 0,
+            TreeOrAsync::Tree { tree_id, .. } => tree_id,
+            TreeOrAsync::Async(_) => 0,
         };
         Self {
             session_id: header.session_id,
@@ -78,19 +82,99 @@ impl ReadKey {
     }
 }
 
-/// The MessageId and key of a frame that is one READ request and nothing else.
-fn single_read(frame: &[u8]) -> Option<(u64, ReadKey)> {
+/// What makes a QUERY_INFO the one predicted (one without an input buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QueryKey {
+    pub session_id: u64,
+    pub tree_id: u32,
+    pub query: QueryInfoRequest,
+    pub credit_charge: u16,
+}
+
+/// A request far may predict, by what its answer depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Key {
+    Read(ReadKey),
+    Query(QueryKey),
+}
+
+impl Key {
+    /// The key of one request message (header and body), if it is of a kind far predicts.
+    pub fn of(header: &Header, body: &[u8]) -> Option<Self> {
+        if header.is_response() {
+            return None;
+        }
+        let tree_id = match header.tree_or_async {
+            TreeOrAsync::Tree { tree_id, .. } => tree_id,
+            TreeOrAsync::Async(_) => 0,
+        };
+        match header.command {
+            Command::READ => Some(Self::Read(ReadKey::of(
+                header,
+                &ReadRequest::parse(body).ok()?,
+            ))),
+            Command::QUERY_INFO => {
+                let query = QueryInfoRequest::parse(body).ok()?;
+                (query.input_buffer_length == 0).then_some(Self::Query(QueryKey {
+                    session_id: header.session_id,
+                    tree_id,
+                    query,
+                    credit_charge: header.credit_charge,
+                }))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a prediction with this key answers a request with `asked`: the same, but
+    /// that a READ may ask for less (its answer is then cut to it).
+    pub fn covers(&self, asked: &Key) -> bool {
+        match (self, asked) {
+            (Self::Read(p), Self::Read(a)) => p.covers(a),
+            (p, a) => p == a,
+        }
+    }
+
+    pub fn file_id(&self) -> FileId {
+        match self {
+            Self::Read(r) => r.file_id,
+            Self::Query(q) => q.query.file_id,
+        }
+    }
+
+    /// The bytes of file data the request asks for: a READ's length, 0 for the rest.
+    pub fn read_length(&self) -> u32 {
+        match self {
+            Self::Read(r) => r.length,
+            Self::Query(_) => 0,
+        }
+    }
+
+    /// The ids the request spends.
+    pub fn charge(&self) -> u64 {
+        charge_of(match self {
+            Self::Read(r) => r.credit_charge,
+            Self::Query(q) => q.credit_charge,
+        })
+    }
+
+    /// Cuts `answer`, the answer to a prediction that covers this key, to what this key
+    /// asks: a READ's data to its length.
+    fn cut_for(&self, answer: &mut Vec<u8>) {
+        if let Self::Read(asked) = self {
+            cut(answer, asked.length);
+        }
+    }
+}
+
+/// The MessageId and key of a frame that is one request far may predict and nothing else.
+fn single_request(frame: &[u8]) -> Option<(u64, Key)> {
     let mut messages = Messages::new(frame);
     let (header, message) = messages.next()?;
-    if messages.next().is_some()
-        || header.next_command != 0
-        || header.is_response()
-        || header.command != Command::READ
-    {
+    if messages.next().is_some() || header.next_command != 0 {
         return None;
     }
-    let read = ReadRequest::parse(&message[HEADER_LEN..]).ok()?;
-    Some((header.message_id, ReadKey::of(&header, &read)))
+    Some((header.message_id, Key::of(&header, &message[HEADER_LEN..])?))
 }
 
 /// Cuts a successful READ answer's data to `length` bytes: the answer the server gives a

@@ -1,51 +1,76 @@
-//! Near: the client's gateway. It relays the client's frames to far, except a READ that
-//! matches an announced prediction field by field (but for a length no longer than the
-//! prediction's: a client that asks for just what is left at a file's end): that one it
-//! answers with the server's own answer, cut to the length asked (at once if it is in, or
-//! as soon as it comes), and tells far it was used.
+//! Near: the client's gateway. It relays the client's frames to far, except a READ or a
+//! QUERY_INFO that matches an announced prediction field by field (but for a READ's
+//! length, which may be shorter than the prediction's: a client that asks for just what is
+//! left at a file's end): that one it answers with the server's own answer, a READ's cut to
+//! the length asked (at once if it is in, or as soon as it comes), and tells far it was
+//! used.
 //! Any other request that uses an announced MessageId ends that prediction (far will see
 //! the same id and give the request a fresh one), and a request that may change a file
 //! (WRITE, SET_INFO, FLUSH, LOCK, IOCTL, CLOSE) or an oplock break ends them all (their
 //! data may be stale), except those the client already asked for and waits on. A CANCEL
-//! consumes no id; one for a READ that waits here is not passed on (a cancel is advisory:
-//! the READ is answered when its answer comes).
+//! consumes no id; one for a request that waits here is not passed on (a cancel is
+//! advisory: the request is answered when its answer comes).
 //!
-//! Races with far: a READ near passed on because its prediction was not announced yet
-//! crosses the announcement on the WAN. Far takes such a READ as its prediction's
+//! CLOSE: once far acts on the session (it has announced a prediction), near answers a
+//! CLOSE itself when the server's answer cannot be other than success with nothing in it:
+//! the file was opened on this connection (near saw its CREATE answered), the client sent
+//! nothing that may change it, no request on it is outstanding, and the CLOSE does not ask
+//! for the file's attributes. The CLOSE still goes to the server, whose answer near drops
+//! but for its credits: near grants what the CLOSE spends, and settles the difference on
+//! the next answer the client gets (`owed`), so the client's window never runs ahead of the
+//! server's for longer than one answer, and then only if the server granted a CLOSE
+//! nothing, which Samba does not.
+//!
+//! Races with far: a request near passed on because its prediction was not announced yet
+//! crosses the announcement on the WAN. Far takes such a request as its prediction's
 //! (`Far::claim`), and near, when the announcement comes, as asked: whichever answer far
 //! then sends (PREFETCHED, or the server's answer as SMB) goes to the client, once. A
 //! prediction far withdraws (a miss spent its id) that the client waits on here has the
-//! client's READ passed on to far after all.
+//! client's request passed on to far after all.
 
-use super::{EngineStats, ReadKey, Record, charge_of, cut, single_read};
-use crate::wire::header::{Command, Header, Messages, status};
+use super::{EngineStats, Key, Record, charge_of, single_request};
+use crate::wire::header::{Command, HEADER_LEN, Header, Messages, flags, status};
+use crate::wire::messages::{CloseRequest, FileId, file_id_of};
 use std::collections::{BTreeSet, HashMap, VecDeque};
+
+/// Files near keeps track of at most, for answering their CLOSE (past it, a CLOSE goes the
+/// whole way).
+pub const MAX_OPENS: usize = 4096;
 
 /// A prediction far announced.
 #[derive(Debug)]
 struct Announced {
-    key: ReadKey,
+    key: Key,
     /// The server's answer, once in.
     answer: Option<Vec<u8>>,
     /// The client asked for it before the answer came.
     asked: Option<Asked>,
 }
 
-/// A client READ that waits for its prediction's answer.
+/// A client request that waits for its prediction's answer.
 #[derive(Debug)]
 struct Asked {
-    length: u32,
+    key: Key,
     /// The client's frame, if near kept it; `None` if it went on to far.
     frame: Option<Vec<u8>>,
+}
+
+/// A file the client has open, as near sees it.
+#[derive(Debug, Default)]
+struct Open {
+    /// Client requests on it not answered yet.
+    busy: u32,
+    /// The client sent something that may change it (WRITE, SET_INFO, FLUSH, LOCK, IOCTL).
+    changed: bool,
 }
 
 /// The client's half of the engine; see the module documentation.
 #[derive(Debug, Default)]
 pub struct Near {
     announced: HashMap<u64, Announced>,
-    /// Single READs passed on to far and not answered yet, by id: an announcement that
-    /// crosses one on the WAN is its own.
-    passed: HashMap<u64, ReadKey>,
+    /// Single requests far may predict, passed on to far and not answered yet, by id: an
+    /// announcement that crosses one on the WAN is its own.
+    passed: HashMap<u64, Key>,
     /// Crossed READs near answered from PREFETCHED: if far withdraws one, it had not taken
     /// the READ as the prediction's and sends it to the server, whose answer...
     crossed: BTreeSet<u64>,
@@ -54,6 +79,20 @@ pub struct Near {
     /// One past the highest id the client has used: predictions below it that it did not
     /// ask for are dead.
     client_next: u64,
+    /// Files the client opened (their CREATE answered) and has not closed.
+    opens: HashMap<FileId, Open>,
+    /// Client requests on an open file, passed on and not answered yet, by id.
+    on_file: HashMap<u64, FileId>,
+    /// CLOSEs near answered, by id, and the credits it granted: the server's answer is not
+    /// the client's.
+    closed: HashMap<u64, u16>,
+    /// Far has announced a prediction on this connection: it acts on the session (its
+    /// gateway's SMB acceleration is on), so near may answer CLOSEs.
+    far_acts: bool,
+    /// Credits the server granted that the client has not been given (near granted fewer
+    /// in a CLOSE it answered), or, below zero, that near granted and the server did not:
+    /// settled on the next answer the client gets.
+    owed: i64,
     to_client: VecDeque<Vec<u8>>,
     to_far: VecDeque<Record>,
     stats: EngineStats,
@@ -66,19 +105,19 @@ impl Near {
 
     /// A frame's payload from the client.
     pub fn from_client(&mut self, frame: Vec<u8>) {
-        let read = single_read(&frame);
-        if let Some((message_id, key)) = read
+        let single = single_request(&frame);
+        if let Some((message_id, key)) = single
             && let Some(a) = self.announced.get_mut(&message_id)
             && a.key.covers(&key)
         {
             match a.answer.take() {
                 Some(answer) => {
                     self.announced.remove(&message_id);
-                    self.answer(message_id, answer, key.length);
+                    self.answer(message_id, answer, &key);
                 }
                 None => {
                     a.asked = Some(Asked {
-                        length: key.length,
+                        key,
                         frame: Some(frame),
                     });
                 }
@@ -86,8 +125,10 @@ impl Near {
             return;
         }
         let mut messages = Messages::new(&frame);
-        if let Some((header, _)) = messages.next()
-            && messages.next().is_none()
+        let first = messages.next();
+        let alone = messages.next().is_none();
+        if let Some((header, _)) = first
+            && alone
             && header.command == Command::CANCEL
             && self
                 .announced
@@ -96,7 +137,7 @@ impl Near {
         {
             return;
         }
-        for (header, _) in Messages::new(&frame) {
+        for (header, message) in Messages::new(&frame) {
             if header.is_response() || header.command == Command::CANCEL {
                 continue;
             }
@@ -105,15 +146,15 @@ impl Near {
                     .message_id
                     .saturating_add(charge_of(header.credit_charge)),
             );
-            if matches!(
+            let changes = matches!(
                 header.command,
                 Command::WRITE
                     | Command::SET_INFO
                     | Command::FLUSH
                     | Command::LOCK
                     | Command::IOCTL
-                    | Command::CLOSE
-            ) {
+            );
+            if changes || header.command == Command::CLOSE {
                 self.drop_unasked();
             }
             let first = header.message_id;
@@ -122,14 +163,81 @@ impl Near {
                     self.announced.remove(&id);
                 }
             }
+            let Some(file_id) = file_id_of(header.command, &message[HEADER_LEN..])
+                .filter(|id| self.opens.contains_key(id))
+            else {
+                continue;
+            };
+            if header.command == Command::CLOSE {
+                // The handle is the client's no more, whoever answers.
+                let here = alone && self.close_here(&header, &frame);
+                self.opens.remove(&file_id);
+                if here {
+                    self.to_far.push_back(Record::Smb(frame));
+                    return;
+                }
+                continue;
+            }
+            if let Some(open) = self.opens.get_mut(&file_id) {
+                open.changed |= changes;
+                open.busy += 1;
+                self.on_file.insert(header.message_id, file_id);
+            }
         }
         let next = self.client_next;
         self.announced
             .retain(|&id, a| a.asked.is_some() || id >= next);
-        if let Some((message_id, key)) = read {
+        if let Some((message_id, key)) = single {
             self.passed.insert(message_id, key);
         }
         self.to_far.push_back(Record::Smb(frame));
+    }
+
+    /// Answers the client's CLOSE (`header`, the whole of `frame`) here if far acts on the
+    /// session and that is safe: the file was opened in this connection, nothing the client sent may have changed it, no
+    /// request on it is outstanding, and the client did not ask for its attributes. The
+    /// server then answers a CLOSE of an open handle with success and nothing more, which
+    /// is what near gives. The CLOSE still goes to the server.
+    fn close_here(&mut self, header: &Header, frame: &[u8]) -> bool {
+        let Some(close) = frame
+            .get(HEADER_LEN..)
+            .and_then(|b| CloseRequest::parse(b).ok())
+        else {
+            return false;
+        };
+        let Some(open) = self.opens.get(&close.file_id) else {
+            return false;
+        };
+        if !self.far_acts
+            || open.busy != 0
+            || open.changed
+            || close.flags & CloseRequest::POSTQUERY_ATTRIB != 0
+            || header.is_async()
+            || header.flags & flags::SIGNED != 0
+            || self.closed.len() >= MAX_OPENS
+        {
+            return false;
+        }
+        // The credits the CLOSE spends: the client's window stays as it was until the
+        // server's own answer settles what it granted (`owed`).
+        let granted = u16::try_from(charge_of(header.credit_charge)).unwrap_or(u16::MAX);
+        let answer = Header {
+            status: status::SUCCESS,
+            flags: flags::SERVER_TO_REDIR,
+            credits: granted,
+            next_command: 0,
+            signature: [0; 16],
+            ..*header
+        };
+        let mut message = vec![0; HEADER_LEN];
+        if answer.emit(&mut message).is_none() {
+            return false;
+        }
+        message.extend_from_slice(&CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES);
+        self.closed.insert(header.message_id, granted);
+        self.stats.answered_locally += 1;
+        self.give(message);
+        true
     }
 
     /// A record from far.
@@ -139,14 +247,28 @@ impl Near {
                 let mut messages = Messages::new(&frame);
                 if let (Some((h, _)), None) = (messages.next(), messages.next())
                     && h.is_response()
-                    && !(h.status == status::PENDING && h.is_async())
-                    && self.drop_answer.remove(&h.message_id)
                 {
-                    // The second answer to a READ the client has had its answer to.
-                    self.passed.remove(&h.message_id);
-                    return;
+                    let interim = h.status == status::PENDING && h.is_async();
+                    if let Some(&granted) = self.closed.get(&h.message_id) {
+                        // The server's answer to a CLOSE near answered: only its credits
+                        // reach the client.
+                        self.owed += i64::from(h.credits);
+                        if !interim {
+                            self.owed -= i64::from(granted);
+                            self.closed.remove(&h.message_id);
+                        }
+                        return;
+                    }
+                    if !interim && self.drop_answer.remove(&h.message_id) {
+                        // The second answer to a READ the client has had its answer to.
+                        self.passed.remove(&h.message_id);
+                        self.finished(h.message_id);
+                        return;
+                    }
                 }
-                for (h, _) in Messages::new(&frame) {
+                let closes = Messages::new(&frame)
+                    .any(|(h, _)| h.is_response() && h.command == Command::CLOSE);
+                for (h, message) in Messages::new(&frame) {
                     if h.command == Command::OPLOCK_BREAK {
                         self.drop_unasked();
                     }
@@ -155,15 +277,26 @@ impl Near {
                         // here is done.
                         self.passed.remove(&h.message_id);
                         self.announced.remove(&h.message_id);
+                        self.finished(h.message_id);
+                        if h.command == Command::CREATE && h.status == status::SUCCESS && !closes {
+                            // FileId (16 at 64 of the body). A compound that closes what
+                            // it creates leaves nothing open.
+                            if let Some(id) = message.get(HEADER_LEN + 64..HEADER_LEN + 80)
+                                && self.opens.len() < MAX_OPENS
+                            {
+                                self.opens.entry(FileId::parse(id)).or_default();
+                            }
+                        }
                     }
                 }
-                self.to_client.push_back(frame);
+                self.give(frame);
             }
             Record::Announce { message_id, key } => {
+                self.far_acts = true;
                 let asked = match self.passed.remove(&message_id) {
-                    // It crossed the client's READ, which far takes as its own.
-                    Some(read) if key.covers(&read) => Some(Asked {
-                        length: read.length,
+                    // It crossed the client's request, which far takes as its own.
+                    Some(asked) if key.covers(&asked) => Some(Asked {
+                        key: asked,
                         frame: None,
                     }),
                     // The client used the id otherwise: too late to serve.
@@ -182,11 +315,11 @@ impl Near {
             }
             Record::Prefetched { message_id, answer } => {
                 if let Some(a) = self.announced.get_mut(&message_id) {
-                    match &a.asked {
+                    match a.asked.take() {
                         Some(asked) => {
-                            let (length, crossed) = (asked.length, asked.frame.is_none());
+                            let crossed = asked.frame.is_none();
                             self.announced.remove(&message_id);
-                            self.answer(message_id, answer, length);
+                            self.answer(message_id, answer, &asked.key);
                             if crossed {
                                 self.crossed.insert(message_id);
                                 // Bounded: far withdraws a prediction within a round
@@ -212,8 +345,8 @@ impl Near {
                     ..
                 }) = self.announced.remove(&message_id)
                 {
-                    // The client waits here: its READ goes to the server after all.
-                    if let Some((id, key)) = single_read(&frame) {
+                    // The client waits here: its request goes to the server after all.
+                    if let Some((id, key)) = single_request(&frame) {
                         self.passed.insert(id, key);
                     }
                     self.to_far.push_back(Record::Smb(frame));
@@ -226,11 +359,14 @@ impl Near {
 
     /// Whether an SMB frame from far that starts with `header` may go to the client as its
     /// bytes come, the engine having seen all it needs: one response message, not an
-    /// oplock break. Its bookkeeping is done here, as [`Self::from_far`] would.
+    /// oplock break, not a CREATE's (near reads its body), not one whose header near
+    /// changes. Its bookkeeping is done here, as [`Self::from_far`] would.
     pub fn passes(&mut self, header: &Header) -> bool {
         if !header.is_response()
             || header.next_command != 0
-            || header.command == Command::OPLOCK_BREAK
+            || matches!(header.command, Command::OPLOCK_BREAK | Command::CREATE)
+            || self.owed != 0
+            || self.closed.contains_key(&header.message_id)
         {
             return false;
         }
@@ -241,8 +377,18 @@ impl Near {
         if !(header.status == status::PENDING && header.is_async()) {
             self.passed.remove(&header.message_id);
             self.announced.remove(&header.message_id);
+            self.finished(header.message_id);
         }
         true
+    }
+
+    /// The final answer to the client's request `id` came.
+    fn finished(&mut self, id: u64) {
+        if let Some(file_id) = self.on_file.remove(&id)
+            && let Some(open) = self.opens.get_mut(&file_id)
+        {
+            open.busy = open.busy.saturating_sub(1);
+        }
     }
 
     /// Ends every prediction the client has not asked for yet.
@@ -250,14 +396,29 @@ impl Near {
         self.announced.retain(|_, a| a.asked.is_some());
     }
 
-    /// Answers the client's READ `message_id` of `length` bytes with `answer`, the answer
-    /// to the prediction, cut to `length` bytes of data (what the server gives a READ
-    /// shorter than the file's rest).
-    fn answer(&mut self, message_id: u64, mut answer: Vec<u8>, length: u32) {
-        cut(&mut answer, length);
+    /// Answers the client's request `message_id`, which asked `asked`, with `answer`, the
+    /// answer to the prediction (a READ's data cut to the length asked: what the server
+    /// gives a READ shorter than the file's rest).
+    fn answer(&mut self, message_id: u64, mut answer: Vec<u8>, asked: &Key) {
+        asked.cut_for(&mut answer);
         self.stats.answered_locally += 1;
-        self.to_client.push_back(answer);
+        self.give(answer);
         self.to_far.push_back(Record::Consumed { message_id });
+    }
+
+    /// Hands the client `frame`, first settling what near owes it in credits (or it owes)
+    /// on the frame's first response.
+    fn give(&mut self, mut frame: Vec<u8>) {
+        if self.owed != 0
+            && let Some((h, _)) = Messages::new(&frame).next()
+            && h.is_response()
+        {
+            let credits = (i64::from(h.credits) + self.owed).clamp(0, i64::from(u16::MAX));
+            self.owed -= credits - i64::from(h.credits);
+            // CreditResponse: 2 bytes at 14 of the header.
+            frame[14..16].copy_from_slice(&(credits as u16).to_le_bytes());
+        }
+        self.to_client.push_back(frame);
     }
 
     /// The next frame payload for the client.
@@ -270,7 +431,7 @@ impl Near {
         self.to_far.pop_front()
     }
 
-    /// Bytes of client READs held for answers still to come (they go to far if their
+    /// Bytes of client requests held for answers still to come (they go to far if their
     /// predictions are withdrawn).
     pub fn held_requests(&self) -> usize {
         self.announced

@@ -7,7 +7,7 @@
 use super::{Far, Near, Record, Splice};
 use crate::wire::framing::Frames;
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
-use crate::wire::messages::{FileId, ReadRequest, ReadResponse};
+use crate::wire::messages::{CloseRequest, FileId, QueryInfoRequest, ReadRequest, ReadResponse};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 const SESSION: u64 = 0x55;
@@ -17,6 +17,7 @@ const FILE: FileId = FileId {
     volatile: 0x2222,
 };
 const END_OF_FILE_STATUS: u32 = 0xc000_0011;
+const FILE_CLOSED_STATUS: u32 = 0xc000_0128;
 
 fn header(command: Command, message_id: u64, credit_charge: u16, credits: u16) -> Header {
     Header {
@@ -71,6 +72,13 @@ fn read_message(header: &Header, read: &ReadRequest) -> Vec<u8> {
 /// ECHO, WRITE and CLOSE, granting what each request asks.
 struct Server {
     file: Vec<u8>,
+    /// Sizes of the files each CREATE opens in turn (the first bytes of `file`); empty:
+    /// the whole file each time.
+    sizes: Vec<usize>,
+    /// Open files by the volatile half of their id, and their sizes (`None`: the whole
+    /// file as it is now).
+    opens: HashMap<u64, Option<usize>>,
+    creates: usize,
     async_reads: bool,
     window_end: u64,
     used: BTreeSet<u64>,
@@ -79,6 +87,24 @@ struct Server {
 }
 
 impl Server {
+    /// The size of the open file a READ, QUERY_INFO or CLOSE names; `None` (and a
+    /// violation) if it is not open.
+    fn size_of(&mut self, header: &Header, body: &[u8]) -> Option<usize> {
+        let file_id = crate::wire::messages::file_id_of(header.command, body)?;
+        match self.opens.get(&file_id.volatile) {
+            Some(size) if file_id.persistent == FILE.persistent => {
+                Some(size.unwrap_or(self.file.len()))
+            }
+            _ => {
+                self.violations.push(format!(
+                    "{:?} {} on a file not open",
+                    header.command, header.message_id
+                ));
+                None
+            }
+        }
+    }
+
     fn answer(&mut self, frame: &[u8]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for (h, m) in Messages::new(frame) {
@@ -113,21 +139,53 @@ impl Server {
                     b
                 }
                 Command::CREATE => {
+                    let size = self
+                        .sizes
+                        .get(self.creates % self.sizes.len().max(1))
+                        .copied();
+                    let volatile = FILE.volatile + self.creates as u64;
+                    self.creates += 1;
+                    self.opens.insert(volatile, size);
                     let mut b = vec![0; 88];
                     b[0] = 89;
-                    b[48..56].copy_from_slice(&(self.file.len() as u64).to_le_bytes());
+                    let eof = size.unwrap_or(self.file.len()) as u64;
+                    b[48..56].copy_from_slice(&eof.to_le_bytes());
+                    b[56..60].copy_from_slice(&0x80u32.to_le_bytes());
                     b[64..72].copy_from_slice(&FILE.persistent.to_le_bytes());
-                    b[72..80].copy_from_slice(&FILE.volatile.to_le_bytes());
+                    b[72..80].copy_from_slice(&volatile.to_le_bytes());
                     b
+                }
+                Command::READ | Command::QUERY_INFO | Command::CLOSE
+                    if self.size_of(&h, &m[HEADER_LEN..]).is_none() =>
+                {
+                    answer.status = FILE_CLOSED_STATUS;
+                    vec![9, 0, 0, 0, 0, 0, 0, 0, 0]
+                }
+                Command::QUERY_INFO => {
+                    let query = QueryInfoRequest::parse(&m[HEADER_LEN..]).unwrap();
+                    let size = self.size_of(&h, &m[HEADER_LEN..]).unwrap();
+                    let mut data = vec![query.info_type, query.file_info_class];
+                    data.extend_from_slice(&(size as u64).to_le_bytes());
+                    data.extend_from_slice(&query.file_id.volatile.to_le_bytes());
+                    let mut b = vec![9, 0, 0x48, 0];
+                    b.extend_from_slice(&(data.len() as u32).to_le_bytes());
+                    b.extend_from_slice(&data);
+                    b
+                }
+                Command::CLOSE => {
+                    let close = CloseRequest::parse(&m[HEADER_LEN..]).unwrap();
+                    self.opens.remove(&close.file_id.volatile);
+                    CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES.to_vec()
                 }
                 Command::READ => {
                     let read = ReadRequest::parse(&m[HEADER_LEN..]).unwrap();
+                    let size = self.size_of(&h, &m[HEADER_LEN..]).unwrap();
                     let start = read.offset as usize;
-                    if start >= self.file.len() {
+                    if start >= size {
                         answer.status = END_OF_FILE_STATUS;
                         vec![9, 0, 0, 0, 0, 0, 0, 0, 0]
                     } else {
-                        let end = (start + read.length as usize).min(self.file.len());
+                        let end = (start + read.length as usize).min(size);
                         if self.async_reads {
                             self.next_async += 1;
                             let interim = Header {
@@ -199,7 +257,11 @@ enum Step {
     SessionSetup,
     TreeConnect,
     Create,
+    /// QUERY_INFOs after a CREATE.
+    Query,
     Read,
+    /// The CLOSE sent.
+    Closing,
     /// An ECHO sent after this many READs (a request that is not the predicted READ).
     Done,
 }
@@ -235,6 +297,16 @@ struct Client {
     /// With `depth` > 1: the READs outstanding, by id, and their offsets.
     outstanding: BTreeMap<u64, u64>,
     finished_at: Option<u64>,
+    /// Files to read, one after another: each opened, queried, read and closed.
+    files: usize,
+    /// Files opened so far; the one open.
+    opened: usize,
+    file_id: FileId,
+    /// QUERY_INFOs the client sends after each CREATE (smbclient asks one), for the first
+    /// `query_files` files; the next one to send.
+    queries: Vec<QueryInfoRequest>,
+    query_files: usize,
+    query_at: usize,
 }
 
 impl Client {
@@ -265,9 +337,62 @@ impl Client {
         } else {
             self.read_len
         };
-        read_at(self.offset, length).emit(&mut body).unwrap();
-        let charge = self.read_len.div_ceil(65536).max(1) as u16;
+        ReadRequest {
+            file_id: self.file_id,
+            ..read_at(self.offset, length)
+        }
+        .emit(&mut body)
+        .unwrap();
+        let charge = length.div_ceil(65536).max(1) as u16;
         self.charged(Command::READ, charge, charge, &body)
+    }
+
+    /// A CREATE of the next file: ShareAccess read only.
+    fn create(&mut self) -> Vec<u8> {
+        let mut body = vec![0; 57];
+        body[0] = 57;
+        body[32..36].copy_from_slice(&1u32.to_le_bytes());
+        self.request(Command::CREATE, 1, &body)
+    }
+
+    /// The CLOSE of the file read.
+    fn close(&mut self) -> Vec<u8> {
+        self.step = Step::Closing;
+        let mut body = vec![0; CloseRequest::LEN];
+        CloseRequest {
+            flags: 0,
+            file_id: self.file_id,
+        }
+        .emit(&mut body)
+        .unwrap();
+        self.request(Command::CLOSE, 1, &body)
+    }
+
+    /// After the CREATE's answer, and each QUERY_INFO's: the next QUERY_INFO, or the
+    /// reading's first request.
+    fn after_create(&mut self, now: u64) -> Option<Vec<u8>> {
+        if let Some(query) = self.queries.get(self.query_at) {
+            self.step = Step::Query;
+            let mut body = vec![0; QueryInfoRequest::LEN];
+            QueryInfoRequest {
+                file_id: self.file_id,
+                ..*query
+            }
+            .emit(&mut body)
+            .unwrap();
+            return Some(self.request(Command::QUERY_INFO, 1, &body));
+        }
+        self.step = Step::Read;
+        if self.script.is_some() {
+            // The script's first request, as if answering nothing.
+            let mut answer = message(&header(Command::ECHO, 0, 1, 0), &[4, 0, 0, 0]);
+            answer[16] = flags::SERVER_TO_REDIR as u8;
+            return self.answered(&answer, now);
+        }
+        if self.offset >= self.end_of_file {
+            return Some(self.close());
+        }
+        Some(self.read_request())
     }
 
     /// The first request.
@@ -333,9 +458,7 @@ impl Client {
             out.push(self.next_pipelined());
         }
         if self.outstanding.is_empty() && self.step == Step::Read {
-            self.step = Step::Done;
-            self.finished_at = Some(now);
-            out.push(self.request(Command::CLOSE, 1, &[24, 0]));
+            out.push(self.close());
         }
         out
     }
@@ -367,24 +490,19 @@ impl Client {
             }
             (Step::TreeConnect, Command::TREE_CONNECT) => {
                 self.step = Step::Create;
-                let mut body = vec![0; 57];
-                body[0] = 57;
-                // ShareAccess: read only.
-                body[32..36].copy_from_slice(&1u32.to_le_bytes());
-                Some(self.request(Command::CREATE, 1, &body))
+                Some(self.create())
             }
             (Step::Create, Command::CREATE) => {
                 let b = &m[HEADER_LEN..];
                 self.end_of_file = u64::from_le_bytes(b[48..56].try_into().unwrap());
-                self.step = Step::Read;
-                if self.script.is_some() {
-                    // The script's first request, as if answering nothing.
-                    let echo = message(&header(Command::ECHO, 0, 1, 0), &[4, 0, 0, 0]);
-                    let mut answer = echo;
-                    answer[16] = flags::SERVER_TO_REDIR as u8;
-                    return self.answered(&answer, now);
+                self.file_id = FileId::parse(&b[64..80]);
+                self.opened += 1;
+                self.offset = 0;
+                self.query_at = 0;
+                if self.opened > self.query_files {
+                    self.queries.clear();
                 }
-                Some(self.read_request())
+                self.after_create(now)
             }
             (Step::Read, Command::READ | Command::ECHO | Command::WRITE)
                 if self.script.is_some() =>
@@ -437,11 +555,7 @@ impl Client {
                         body.extend_from_slice(&data);
                         Some(self.request(Command::WRITE, 1, &body))
                     }
-                    None => {
-                        self.step = Step::Done;
-                        self.finished_at = Some(now);
-                        Some(self.request(Command::CLOSE, 1, &[24, 0]))
-                    }
+                    None => Some(self.close()),
                 }
             }
             (Step::Read, Command::READ) | (Step::Read, Command::ECHO | Command::WRITE) => {
@@ -465,11 +579,33 @@ impl Client {
                     }
                 }
                 if self.offset >= self.end_of_file {
-                    self.step = Step::Done;
-                    self.finished_at = Some(now);
-                    return Some(self.request(Command::CLOSE, 1, &[24, 0]));
+                    return Some(self.close());
                 }
                 Some(self.read_request())
+            }
+            (Step::Query, Command::QUERY_INFO) => {
+                let query = self.queries[self.query_at];
+                let mut expect = vec![query.info_type, query.file_info_class];
+                expect.extend_from_slice(&self.end_of_file.to_le_bytes());
+                expect.extend_from_slice(&self.file_id.volatile.to_le_bytes());
+                if h.status != 0 || m.get(HEADER_LEN + 8..) != Some(&expect[..]) {
+                    self.violations
+                        .push(format!("QUERY_INFO {}: {:#x}", self.query_at, h.status));
+                }
+                self.query_at += 1;
+                self.after_create(now)
+            }
+            (Step::Closing, Command::CLOSE) => {
+                if h.status != 0 || m.len() != HEADER_LEN + 60 {
+                    self.violations.push(format!("CLOSE: {:#x}", h.status));
+                }
+                if self.opened < self.files {
+                    self.step = Step::Create;
+                    return Some(self.create());
+                }
+                self.step = Step::Done;
+                self.finished_at = Some(now);
+                None
             }
             (Step::Done, _) => None,
             (step, command) => {
@@ -544,6 +680,9 @@ fn parties(len: usize, read_len: u32) -> (Client, Server) {
         .collect();
     let server = Server {
         file,
+        sizes: Vec::new(),
+        opens: HashMap::new(),
+        creates: 0,
         async_reads: false,
         window_end: 1,
         used: BTreeSet::new(),
@@ -570,6 +709,12 @@ fn parties(len: usize, read_len: u32) -> (Client, Server) {
         depth: 1,
         outstanding: BTreeMap::new(),
         finished_at: None,
+        files: 1,
+        opened: 0,
+        file_id: FILE,
+        queries: Vec::new(),
+        query_files: usize::MAX,
+        query_at: 0,
     };
     (client, server)
 }
@@ -584,8 +729,15 @@ fn run(
     tweak: impl FnOnce(&mut Client, &mut Server),
 ) -> Run {
     let (mut client, mut server) = parties(len, read_len);
-    let file = server.file.clone();
     tweak(&mut client, &mut server);
+    // What the client should read: each file's bytes, one after another.
+    let file: Vec<u8> = (0..client.files)
+        .flat_map(|k| {
+            let size = server.sizes.get(k % server.sizes.len().max(1));
+            &server.file[..size.copied().unwrap_or(server.file.len())]
+        })
+        .copied()
+        .collect();
     // The two halves as the gateways run them: byte streams both ways, cut anywhere.
     let (mut near, mut far) = (Splice::near(), Splice::far(window));
     let (mut to_client, mut to_server) = (Frames::new(), Frames::new());
@@ -711,7 +863,8 @@ fn a_client_with_one_read_outstanding_reads_at_the_window_not_the_round_trip() {
     assert!(plain.finished_ms >= 64 * 100, "{} ms", plain.finished_ms);
     let ahead = run(4 << 20, 64 << 10, 100, 8 << 20, |_, _| {});
     check(&ahead);
-    assert_eq!(ahead.near.answered_locally, 63, "{:?}", ahead.near);
+    // 63 READs and the CLOSE.
+    assert_eq!(ahead.near.answered_locally, 64, "{:?}", ahead.near);
     assert_eq!(ahead.far.missed, 0);
     // The setup's four round trips, the first READ's, and the window's worth of credit
     // round trips: the client holds 64 credits, so far can be 63 READs ahead.
@@ -749,8 +902,8 @@ fn a_shorter_last_read_is_answered_from_the_prediction_cut_to_its_length() {
     let run = run(len, 64 << 10, 100, 8 << 20, |c, _| c.trim_last = true);
     check(&run);
     assert_eq!(run.far.missed, 0, "{:?}", run.far);
-    // 17 READs, the first sent by the client itself.
-    assert_eq!(run.near.answered_locally, 16, "{:?}", run.near);
+    // 17 READs, the first sent by the client itself, and the CLOSE.
+    assert_eq!(run.near.answered_locally, 17, "{:?}", run.near);
 }
 
 #[test]
@@ -760,6 +913,73 @@ fn a_write_ends_read_ahead_and_the_rest_is_read_from_the_server() {
     });
     check(&run);
     assert!(run.near.answered_locally < 31, "{:?}", run.near);
+}
+
+/// FileAllInformation, as smbclient asks it after each CREATE.
+const FILE_ALL_INFORMATION: QueryInfoRequest = QueryInfoRequest {
+    info_type: 1,
+    file_info_class: 0x12,
+    output_buffer_length: 4096,
+    input_buffer_offset: 0x68,
+    input_buffer_length: 0,
+    additional_information: 0,
+    flags: 0,
+    file_id: FILE,
+};
+
+/// Small files one after another, as a file client reads them (CREATE, QUERY_INFO, READ,
+/// CLOSE): far learns what the client does after the first CREATE and plays it for every
+/// later one, so each later file takes one round trip (its CREATE) instead of four.
+#[test]
+fn small_files_take_one_round_trip_each_once_far_has_learnt_the_client() {
+    let files = |window| {
+        run(64 << 10, 64 << 10, 100, window, |c, _| {
+            c.files = 20;
+            c.queries = vec![FILE_ALL_INFORMATION];
+        })
+    };
+    let plain = files(0);
+    check(&plain);
+    assert_eq!(plain.near.answered_locally, 0, "{:?}", plain.near);
+    // The setup's three round trips, then four per file (CREATE, QUERY_INFO, READ, CLOSE).
+    assert!(
+        plain.finished_ms >= (3 + 20 * 4) * 100,
+        "{} ms",
+        plain.finished_ms
+    );
+    let ahead = files(8 << 20);
+    check(&ahead);
+    // Each file after the first: its QUERY_INFO, its READ and its CLOSE.
+    assert_eq!(ahead.near.answered_locally, 19 * 3, "{:?}", ahead.near);
+    assert_eq!(
+        (ahead.far.missed, ahead.far.prefetched),
+        (0, 19 * 2),
+        "{:?}",
+        ahead.far
+    );
+    // The setup, the first file's four round trips, then one per file.
+    assert!(
+        ahead.finished_ms <= (3 + 4 + 19) * 100 + 50,
+        "{} ms",
+        ahead.finished_ms
+    );
+}
+
+/// Files of sizes that are not a multiple of the client's READ, read by a client that
+/// asks only for each file's rest at its end, and one that queries only the first files:
+/// every byte right, ids and credits right, and the change of habit costs one miss.
+#[test]
+fn open_ahead_follows_each_file_and_a_change_of_habit() {
+    let run = run(3 << 20, 1 << 20, 100, 8 << 20, |c, s| {
+        c.files = 12;
+        c.trim_last = true;
+        c.queries = vec![FILE_ALL_INFORMATION];
+        c.query_files = 5;
+        s.sizes = vec![100, 1 << 20, (1 << 20) + 1, 2_500_000, 0, 65_536];
+    });
+    check(&run);
+    assert!(run.far.missed >= 1, "{:?}", run.far);
+    assert!(run.near.answered_locally >= 20, "{:?}", run.near);
 }
 
 use proptest::prelude::Strategy as _;
@@ -810,6 +1030,50 @@ proptest::proptest! {
         proptest::prop_assert!(run.server_violations.is_empty(), "server: {:?}", run.server_violations);
         proptest::prop_assert!(run.client_violations.is_empty(), "client: {:?}", run.client_violations);
         proptest::prop_assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// Files of any sizes one after another, read in blocks of any length by a client that
+    /// clips its last READ or not, queries each file or only the first ones, with any
+    /// credit window, synchronous or async answers and any read-ahead window: every byte
+    /// of every file right, no id twice or outside the server's window, no request on a
+    /// file that is not open, and the client never short of credits.
+    #[test]
+    fn any_run_of_files_reads_every_byte_right(
+        sizes in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::prelude::Just(0usize),
+                1usize..70_000,
+                60_000usize..300_000,
+            ],
+            1..6,
+        ),
+        files in 1usize..8,
+        read_len in proptest::sample::select(vec![4096u32, 65536, 100_000, 131_072]),
+        trim_last in proptest::bool::ANY,
+        query in proptest::bool::ANY,
+        query_files in 0usize..8,
+        async_reads in proptest::bool::ANY,
+        setup_credits in 2u16..100,
+        window in proptest::sample::select(vec![0u64, 65536, 196_608, 1 << 20]),
+    ) {
+        let run = run(300_000, read_len, 40, window, |c, s| {
+            s.sizes = sizes.clone();
+            s.async_reads = async_reads;
+            c.files = files;
+            c.trim_last = trim_last;
+            c.setup_credits = setup_credits;
+            if query {
+                c.queries = vec![FILE_ALL_INFORMATION];
+                c.query_files = query_files;
+            }
+        });
+        proptest::prop_assert!(run.server_violations.is_empty(), "server: {:?}", run.server_violations);
+        proptest::prop_assert!(run.client_violations.is_empty(), "client: {:?}", run.client_violations);
+        proptest::prop_assert!(run.data == run.file, "the client read every file as the server has it");
     }
 }
 
@@ -1012,7 +1276,7 @@ fn a_read_shorter_than_its_prediction_gets_the_answer_cut_to_its_length() {
         let mut near = Near::new();
         near.from_far(Record::Announce {
             message_id: 9,
-            key: super::ReadKey::of(&h, &read(65536)),
+            key: super::Key::Read(super::ReadKey::of(&h, &read(65536))),
         });
         near.from_far(Record::Prefetched {
             message_id: 9,
@@ -1077,7 +1341,10 @@ fn near_resolves_its_races_with_far_once() {
         },
         &[9, 0, 0, 0, 0, 0, 0, 0, 0],
     );
-    let announce = Record::Announce { message_id: 5, key };
+    let announce = Record::Announce {
+        message_id: 5,
+        key: super::Key::Read(key),
+    };
     let prefetched = Record::Prefetched {
         message_id: 5,
         answer: answer.clone(),
@@ -1147,7 +1414,7 @@ fn nothing_cuts_into_a_frame_streaming_through() {
     for r in [
         Record::Announce {
             message_id: 9,
-            key: super::ReadKey::of(&h, &read),
+            key: super::Key::Read(super::ReadKey::of(&h, &read)),
         },
         Record::Prefetched {
             message_id: 9,
@@ -1239,4 +1506,160 @@ fn a_pipelining_client_reads_every_byte_right_through_the_races() {
             }
         }
     }
+}
+
+/// Near answers a CLOSE itself only once far acts on the session, and only for a file it
+/// saw opened, that nothing may have changed, with no request on it outstanding and no
+/// attributes asked; the server's own answer is dropped but for its credits, which the
+/// client gets on its next answer (fewer, if the server granted fewer than near did).
+#[test]
+fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
+    let mut near = Near::new();
+    let response = |command: Command, id: u64, credits: u16, body: &[u8]| {
+        Record::Smb(message(
+            &Header {
+                flags: flags::SERVER_TO_REDIR,
+                ..header(command, id, 1, credits)
+            },
+            body,
+        ))
+    };
+    let file = |n: u64| FileId {
+        persistent: 1,
+        volatile: n,
+    };
+    let opened = |n: u64, id: u64| {
+        let mut body = vec![0; 88];
+        body[0] = 89;
+        body[64..80].copy_from_slice(&[1u64.to_le_bytes(), n.to_le_bytes()].concat());
+        response(Command::CREATE, id, 1, &body)
+    };
+    let close = |n: u64, id: u64, flags: u16| {
+        let mut body = vec![0; CloseRequest::LEN];
+        CloseRequest {
+            flags,
+            file_id: file(n),
+        }
+        .emit(&mut body)
+        .unwrap();
+        message(&header(Command::CLOSE, id, 1, 1), &body)
+    };
+    let query = |n: u64, id: u64| {
+        let mut body = vec![0; QueryInfoRequest::LEN];
+        QueryInfoRequest {
+            file_id: file(n),
+            ..FILE_ALL_INFORMATION
+        }
+        .emit(&mut body)
+        .unwrap();
+        message(&header(Command::QUERY_INFO, id, 1, 1), &body)
+    };
+    let answered_here = |near: &mut Near| {
+        let local = near.poll_to_client();
+        let passed = near.poll_to_far();
+        assert!(near.poll_to_client().is_none() && near.poll_to_far().is_none());
+        (local, passed)
+    };
+    // Far has announced nothing: a CLOSE goes the whole way.
+    near.from_far(opened(1, 1));
+    near.poll_to_client().unwrap();
+    near.from_client(close(1, 2, 0));
+    assert!(matches!(
+        answered_here(&mut near),
+        (None, Some(Record::Smb(_)))
+    ));
+    let key = super::Key::Read(super::ReadKey::of(
+        &header(Command::READ, 100, 1, 1),
+        &read_at(0, 10),
+    ));
+    near.from_far(Record::Announce {
+        message_id: 100,
+        key,
+    });
+    near.from_far(response(
+        Command::CLOSE,
+        2,
+        1,
+        &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES,
+    ));
+    near.poll_to_client().unwrap();
+    // A file opened, queried: the CLOSE waits while the QUERY_INFO is outstanding.
+    near.from_far(opened(2, 3));
+    near.poll_to_client().unwrap();
+    near.from_client(query(2, 4));
+    near.poll_to_far().unwrap();
+    near.from_client(close(2, 5, 0));
+    assert!(matches!(
+        answered_here(&mut near),
+        (None, Some(Record::Smb(_)))
+    ));
+    // Attributes asked, or a file never seen opened: the whole way.
+    near.from_far(opened(3, 6));
+    near.poll_to_client().unwrap();
+    near.from_client(close(3, 7, CloseRequest::POSTQUERY_ATTRIB));
+    assert!(matches!(
+        answered_here(&mut near),
+        (None, Some(Record::Smb(_)))
+    ));
+    near.from_client(close(9, 8, 0));
+    assert!(matches!(
+        answered_here(&mut near),
+        (None, Some(Record::Smb(_)))
+    ));
+    // A file written: the whole way.
+    near.from_far(opened(4, 9));
+    near.poll_to_client().unwrap();
+    let mut write = vec![0; 49];
+    write[0] = 49;
+    write[16..32].copy_from_slice(&[1u64.to_le_bytes(), 4u64.to_le_bytes()].concat());
+    near.from_client(message(&header(Command::WRITE, 10, 1, 1), &write));
+    near.poll_to_far().unwrap();
+    near.from_far(response(Command::WRITE, 10, 1, &[17, 0]));
+    near.poll_to_client().unwrap();
+    near.from_client(close(4, 11, 0));
+    assert!(matches!(
+        answered_here(&mut near),
+        (None, Some(Record::Smb(_)))
+    ));
+    // A file only read: answered here with the credits it spends; the CLOSE goes on.
+    near.from_far(opened(5, 12));
+    near.poll_to_client().unwrap();
+    near.from_client(close(5, 13, 0));
+    let (Some(local), Some(Record::Smb(passed))) = answered_here(&mut near) else {
+        panic!("the CLOSE was not answered here");
+    };
+    assert_eq!(passed, close(5, 13, 0));
+    let (h, body) = Messages::new(&local).next().unwrap();
+    assert_eq!((h.message_id, h.status, h.credits), (13, 0, 1));
+    assert!(h.is_response());
+    assert_eq!(
+        &body[HEADER_LEN..],
+        &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES
+    );
+    assert_eq!(near.stats().answered_locally, 1);
+    // The server's answer grants 5: dropped, and the 4 near did not give go with the next.
+    near.from_far(response(
+        Command::CLOSE,
+        13,
+        5,
+        &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES,
+    ));
+    assert!(near.poll_to_client().is_none());
+    near.from_far(response(Command::ECHO, 14, 1, &[4, 0, 0, 0]));
+    let next = near.poll_to_client().unwrap();
+    assert_eq!(Messages::new(&next).next().unwrap().0.credits, 5);
+    // One that grants none: the next answer gives one credit less.
+    near.from_far(opened(6, 15));
+    near.poll_to_client().unwrap();
+    near.from_client(close(6, 16, 0));
+    answered_here(&mut near);
+    near.from_far(response(
+        Command::CLOSE,
+        16,
+        0,
+        &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES,
+    ));
+    near.from_far(response(Command::ECHO, 17, 3, &[4, 0, 0, 0]));
+    let next = near.poll_to_client().unwrap();
+    assert_eq!(Messages::new(&next).next().unwrap().0.credits, 2);
 }

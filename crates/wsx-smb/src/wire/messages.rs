@@ -295,6 +295,126 @@ impl ReadResponse {
     }
 }
 
+/// A QUERY_INFO request (MS-SMB2 2.2.37): what the client asks to know of `file_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QueryInfoRequest {
+    /// `SMB2_0_INFO_*`: file, file system, security or quota.
+    pub info_type: u8,
+    pub file_info_class: u8,
+    /// The most the answer may carry.
+    pub output_buffer_length: u32,
+    pub input_buffer_offset: u16,
+    pub input_buffer_length: u32,
+    pub additional_information: u32,
+    pub flags: u32,
+    pub file_id: FileId,
+}
+
+impl QueryInfoRequest {
+    const SIZE: u16 = 41;
+    /// The fixed part; `StructureSize` counts one byte of the buffer that follows.
+    const FIXED: usize = 40;
+    /// Bytes [`QueryInfoRequest::emit`] writes: the fixed part and the one buffer byte.
+    pub const LEN: usize = Self::FIXED + 1;
+
+    pub fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        let b = checked(body, "QUERY_INFO request", Self::SIZE, Self::FIXED)?;
+        Ok(Self {
+            info_type: b[2],
+            file_info_class: b[3],
+            output_buffer_length: le32(b, 4),
+            input_buffer_offset: le16(b, 8),
+            input_buffer_length: le32(b, 12),
+            additional_information: le32(b, 16),
+            flags: le32(b, 20),
+            file_id: FileId::parse(&b[24..40]),
+        })
+    }
+
+    /// Writes the body (no input buffer) into the first [`QueryInfoRequest::LEN`] bytes of
+    /// `out`; `None` if `out` is shorter.
+    pub fn emit(&self, out: &mut [u8]) -> Option<()> {
+        let b = out.get_mut(..Self::LEN)?;
+        b[..2].copy_from_slice(&Self::SIZE.to_le_bytes());
+        b[2] = self.info_type;
+        b[3] = self.file_info_class;
+        b[4..8].copy_from_slice(&self.output_buffer_length.to_le_bytes());
+        b[8..10].copy_from_slice(&self.input_buffer_offset.to_le_bytes());
+        b[10..12].copy_from_slice(&[0, 0]);
+        b[12..16].copy_from_slice(&self.input_buffer_length.to_le_bytes());
+        b[16..20].copy_from_slice(&self.additional_information.to_le_bytes());
+        b[20..24].copy_from_slice(&self.flags.to_le_bytes());
+        self.file_id.emit(&mut b[24..40]);
+        b[40] = 0;
+        Some(())
+    }
+}
+
+/// A CLOSE request (MS-SMB2 2.2.15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloseRequest {
+    /// [`CloseRequest::POSTQUERY_ATTRIB`]: the answer is to carry the file's attributes.
+    pub flags: u16,
+    pub file_id: FileId,
+}
+
+impl CloseRequest {
+    const SIZE: u16 = 24;
+    pub const LEN: usize = 24;
+    pub const POSTQUERY_ATTRIB: u16 = 0x0001;
+
+    pub fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        let b = checked(body, "CLOSE request", Self::SIZE, Self::LEN)?;
+        Ok(Self {
+            flags: le16(b, 2),
+            file_id: FileId::parse(&b[8..24]),
+        })
+    }
+
+    /// Writes the body into the first [`CloseRequest::LEN`] bytes of `out`; `None` if `out`
+    /// is shorter.
+    pub fn emit(&self, out: &mut [u8]) -> Option<()> {
+        let b = out.get_mut(..Self::LEN)?;
+        b[..2].copy_from_slice(&Self::SIZE.to_le_bytes());
+        b[2..4].copy_from_slice(&self.flags.to_le_bytes());
+        b[4..8].copy_from_slice(&[0; 4]);
+        self.file_id.emit(&mut b[8..24]);
+        Some(())
+    }
+
+    /// The body of the answer to a CLOSE without [`CloseRequest::POSTQUERY_ATTRIB`]: the
+    /// structure size, and zeros where the attributes would be (MS-SMB2 2.2.16).
+    pub const RESPONSE_WITHOUT_ATTRIBUTES: [u8; 60] = {
+        let mut b = [0; 60];
+        b[0] = 60;
+        b
+    };
+}
+
+/// Where a request that names an open file carries its [`FileId`], by command (MS-SMB2
+/// 2.2.13-2.2.41): the offset in its body.
+pub fn file_id_at(command: super::header::Command) -> Option<usize> {
+    use super::header::Command as C;
+    match command {
+        C::CLOSE
+        | C::FLUSH
+        | C::LOCK
+        | C::IOCTL
+        | C::QUERY_DIRECTORY
+        | C::CHANGE_NOTIFY
+        | C::OPLOCK_BREAK => Some(8),
+        C::READ | C::WRITE | C::SET_INFO => Some(16),
+        C::QUERY_INFO => Some(24),
+        _ => None,
+    }
+}
+
+/// The [`FileId`] a request of `command` with `body` names, if it names one.
+pub fn file_id_of(command: super::header::Command, body: &[u8]) -> Option<FileId> {
+    let at = file_id_at(command)?;
+    body.get(at..at + 16).map(FileId::parse)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,6 +482,31 @@ mod tests {
             let _ = TreeConnectResponse::parse(&b);
             let _ = ReadRequest::parse(&b);
             let _ = ReadResponse::parse(&b);
+            let _ = QueryInfoRequest::parse(&b);
+            let _ = CloseRequest::parse(&b);
+        }
+
+        #[test]
+        fn queries_and_closes_round_trip(
+            q in (any::<(u8, u8, u32, u16, u32)>(), any::<(u32, u32, u64, u64)>()),
+            c in any::<(u16, u64, u64)>(),
+        ) {
+            let ((info_type, file_info_class, output_buffer_length, input_buffer_offset, input_buffer_length),
+                 (additional_information, flags, persistent, volatile)) = q;
+            let query = QueryInfoRequest {
+                info_type, file_info_class, output_buffer_length, input_buffer_offset,
+                input_buffer_length, additional_information, flags,
+                file_id: FileId { persistent, volatile },
+            };
+            let mut b = [0xaa; QueryInfoRequest::LEN];
+            query.emit(&mut b).unwrap();
+            prop_assert_eq!(QueryInfoRequest::parse(&b), Ok(query));
+            prop_assert_eq!(file_id_of(crate::wire::header::Command::QUERY_INFO, &b), Some(query.file_id));
+            let close = CloseRequest { flags: c.0, file_id: FileId { persistent: c.1, volatile: c.2 } };
+            let mut b = [0xaa; CloseRequest::LEN];
+            close.emit(&mut b).unwrap();
+            prop_assert_eq!(CloseRequest::parse(&b), Ok(close));
+            prop_assert_eq!(file_id_of(crate::wire::header::Command::CLOSE, &b), Some(close.file_id));
         }
 
         #[test]
