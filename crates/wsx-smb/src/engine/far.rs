@@ -628,12 +628,21 @@ impl Far {
         {
             return;
         }
-        let Some(script) = self.script.clone() else {
+        let Some(script) = self
+            .script
+            .clone()
+            .filter(|s| !s.queries.is_empty() || (s.read.is_some() && !opened.directory))
+        else {
+            // Nothing to play: the file teaches far what the client does.
             return;
         };
-        // What the client does with this file is what far predicts, not what it learns.
+        // What the client does with this file is what far predicts, not what it learns;
+        // but for a READ the script has not got yet, which the client may send next.
         if let Some(file) = self.files.get_mut(&opened.file_id) {
-            file.learning = None;
+            file.learning = script.read.is_none().then(|| Script {
+                queries: script.queries.clone(),
+                read: None,
+            });
         }
         let mut id = opened.next_id;
         for (header, query) in script.queries {

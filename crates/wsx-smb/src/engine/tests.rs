@@ -963,6 +963,17 @@ fn small_files_take_one_round_trip_each_once_far_has_learnt_the_client() {
         "{} ms",
         ahead.finished_ms
     );
+    // A first file that is empty (opened, queried, closed) teaches no READ: the next file,
+    // opened ahead with the query alone, teaches it.
+    let run = run(5000, 64 << 10, 100, 8 << 20, |c, s| {
+        c.files = 10;
+        c.queries = vec![FILE_ALL_INFORMATION];
+        s.sizes = vec![0, 5000];
+    });
+    check(&run);
+    // Nine queries, the READs of the four files with data after the second, nine CLOSEs.
+    assert_eq!(run.near.answered_locally, 9 + 4 + 9, "{:?}", run.near);
+    assert_eq!(run.far.missed, 0, "{:?}", run.far);
 }
 
 /// Files of sizes that are not a multiple of the client's READ, read by a client that
