@@ -89,8 +89,8 @@ pub(crate) struct SmbRecord {
     /// The gateways ran SMB (`smb` on their peers; wsx mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) smb: Option<bool>,
-    /// READs gw-a answered from what gw-b read ahead, and the predictions gw-b's client
-    /// did not use (wsx mode with SMB).
+    /// Requests gw-a answered itself (READs and QUERY_INFOs from what gw-b sent ahead,
+    /// CLOSEs), and the predictions gw-b's client did not use (wsx mode with SMB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) answered_locally: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -461,7 +461,7 @@ impl SmbRecord {
                 .as_ref()
                 .map_or(String::new(), |v| format!(", gateways: {v}")),
             self.answered_locally.map_or(String::new(), |n| format!(
-                ", {n} READs answered at gw-a, {} missed",
+                ", {n} requests answered at gw-a, {} missed",
                 self.missed.unwrap_or(0)
             )),
             if self.verified { "" } else { " NOT VERIFIED" },

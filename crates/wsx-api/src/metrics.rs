@@ -23,8 +23,8 @@
 //! | `wsx_smb_unsigned_total` | | of those, connected to a share with nothing signed or encrypted so far (one signed later counts here and under `passed_through`) |
 //! | `wsx_smb_reads_total`, `wsx_smb_read_bytes_total`, `wsx_smb_reads_alone_total` | | READs in the sessions watched (until a session passed through), the bytes asked, and those sent with no other READ of their session in flight |
 //! | `wsx_smb_engine_sessions_total` | | sessions this gateway ran its half of the read-ahead engine on |
-//! | `wsx_smb_prefetched_total`, `wsx_smb_prefetched_bytes_total` | | READs far issued ahead of its peer's clients, and their bytes |
-//! | `wsx_smb_answered_locally_total` | | client READs near answered from what far sent ahead |
+//! | `wsx_smb_prefetched_total`, `wsx_smb_prefetched_bytes_total` | | requests far issued ahead of its peer's clients (READs, QUERY_INFOs), and the READs' bytes |
+//! | `wsx_smb_answered_locally_total` | | client requests near answered itself: READs and QUERY_INFOs from what far sent ahead, and CLOSEs |
 //! | `wsx_smb_missed_total`, `wsx_smb_missed_bytes_total` | | predictions the client did not use, and their bytes |
 //! | `wsx_smb_held_bytes` | | bytes the engine holds now, all sessions |
 //! | `wsx_smb_passed_through_total` | `reason` | relayed byte for byte for good: `not_framed`, `smb1`, `dialect`, `signed`, `encrypted`, `compressed`, `malformed` |

@@ -66,12 +66,14 @@ pub struct Smb {
     /// it when both can; far reads ahead for unsigned sessions).
     #[serde(default)]
     pub engine_sessions: u64,
-    /// READs this gateway (far) issued ahead of its peer's clients, and their bytes.
+    /// Requests this gateway (far) issued ahead of its peer's clients (READs and
+    /// QUERY_INFOs), and the bytes the READs asked for.
     #[serde(default)]
     pub prefetched: u64,
     #[serde(default)]
     pub prefetched_bytes: u64,
-    /// Client READs this gateway (near) answered from what far sent ahead.
+    /// Client requests this gateway (near) answered itself, each a round trip saved: READs
+    /// and QUERY_INFOs from what far sent ahead, and CLOSEs.
     #[serde(default)]
     pub answered_locally: u64,
     /// Predictions the client did not use, and their bytes: read for nothing.

@@ -74,10 +74,12 @@ pub struct SmbStats {
     /// Sessions this gateway ran its half of the read-ahead engine on (the peer ran the
     /// other): far's on sessions its peer's clients opened, near's on its own clients'.
     pub engine_sessions: u64,
-    /// READs far issued ahead of its clients, and the bytes they asked for.
+    /// Requests far issued ahead of its clients (READs and QUERY_INFOs), and the bytes
+    /// the READs asked for.
     pub prefetched: u64,
     pub prefetched_bytes: u64,
-    /// Client READs near answered from what far had sent ahead: each saved a round trip.
+    /// Client requests near answered itself, each a round trip saved: READs and
+    /// QUERY_INFOs from what far had sent ahead, and CLOSEs.
     pub answered_locally: u64,
     /// Predictions far's clients did not use, and their bytes: read for nothing.
     pub missed: u64,

@@ -515,7 +515,7 @@ fn status_table(s: &Status) {
         }
         if s.smb.engine_sessions > 0 {
             println!(
-                "SMB read-ahead  {} sessions; {} READs ahead ({}), {} answered here, {} missed ({}); holding {}",
+                "SMB read-ahead  {} sessions; {} requests ahead ({}), {} answered here, {} missed ({}); holding {}",
                 s.smb.engine_sessions,
                 s.smb.prefetched,
                 human_bytes(s.smb.prefetched_bytes),
