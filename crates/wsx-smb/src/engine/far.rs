@@ -16,13 +16,14 @@
 //! - **Ids.** While predictions hold, the server sees exactly the client's ids. A client
 //!   request whose id a prediction already used (the client sent something else) is a
 //!   miss: every outstanding prediction is dropped (their ids are spent at the server) and
-//!   from then on each client id is sent shifted (`shift`) past the highest id the server
-//!   has seen, its answers given the client's id back. One shift per miss, so the mapping
-//!   stays a constant offset and no request collides again; predictions resume in the
-//!   client's id space, sent shifted too. A signed message sent shifted fails its
-//!   signature: only a session judged unsigned is read ahead, but one that starts signing
-//!   after a miss (a second, signed logon on the same connection) breaks. Until a miss,
-//!   nothing is shifted and signed messages pass intact.
+//!   from then on every request far sends, the client's or a prediction, gets the next
+//!   server id (`top`, `fresh`), its answers given the client's id back. Ids are handed
+//!   out as requests are sent, so none is used twice and none is skipped (a client id
+//!   that never reaches far, its request answered by near, takes no server id; the server
+//!   cannot slide its window past an id never used). A signed message sent with a fresh
+//!   id fails its signature: only a session judged unsigned is read ahead, but one that
+//!   starts signing after a miss (a second, signed logon on the same connection) breaks.
+//!   Until a miss, no id is changed and signed messages pass intact.
 //! - **Credits.** `window_end` is one past the last id the server has granted (1 + every
 //!   CreditResponse). A prediction or a fresh id must fit below it; a client frame that
 //!   needs a fresh id that does not fit waits for the server's next grant.
@@ -43,9 +44,9 @@ use super::{EngineStats, Key, Record, charge_of, single_request};
 use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
-use crate::wire::messages::{FileId, QueryInfoRequest, ReadRequest, file_id_of};
+use crate::wire::messages::{FileId, NegotiateResponse, QueryInfoRequest, ReadRequest, file_id_of};
 use crate::wire::{le32, le64};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// `ShareAccess` bit: other opens may write.
 const FILE_SHARE_WRITE: u32 = 0x2;
@@ -55,6 +56,9 @@ const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x10;
 const READ_CACHING_OPLOCKS: [u8; 3] = [0x01, 0x08, 0x09];
 /// Predictions outstanding at most per session, whatever the window.
 pub const MAX_PREDICTIONS: usize = 1024;
+/// Open files far keeps track of at most per session (past it, a file opened is not read
+/// ahead).
+pub const MAX_FILES: usize = 4096;
 
 /// What a request sent to the server was.
 #[derive(Debug)]
@@ -138,12 +142,9 @@ pub struct Far {
     pending: HashMap<u64, Pending>,
     /// Outstanding predictions, by the client id each is for.
     predictions: BTreeMap<u64, Key>,
-    /// Server id = client id + `shift` (0 until the first miss).
-    shift: u64,
-    /// Client ids below a miss's that a withdrawn prediction had (near held the client's
-    /// READ for it and sends it now): each gets a fresh server id from `top`, since the
-    /// shift is only safe for ids from the miss's up.
-    late: BTreeSet<u64>,
+    /// Every request (the client's, a prediction) gets the next server id, `top`: set at
+    /// the first miss. Until then, server id = client id.
+    fresh: bool,
     /// One past the highest server id used.
     top: u64,
     /// One past the highest client id seen.
@@ -154,8 +155,10 @@ pub struct Far {
     clips: bool,
     /// A file just opened, whose script far plays at the next chance.
     opened: Option<Opened>,
-    /// CREATE requests sent, by server id: share access and requested oplock.
-    creates: HashMap<u64, u32>,
+    /// CREATE requests sent, by server id: share access and tree.
+    creates: HashMap<u64, (u32, u32)>,
+    /// The server's MaxReadSize (NEGOTIATE): no READ is predicted longer.
+    max_read: u32,
     files: HashMap<FileId, File>,
     active: Option<FileId>,
     blocked: VecDeque<Vec<u8>>,
@@ -175,14 +178,14 @@ impl Far {
             window_end: 1,
             pending: HashMap::new(),
             predictions: BTreeMap::new(),
-            shift: 0,
-            late: BTreeSet::new(),
+            fresh: false,
             top: 0,
             client_next: 0,
             script: None,
             clips: true,
             opened: None,
             creates: HashMap::new(),
+            max_read: u32::MAX,
             files: HashMap::new(),
             active: None,
             blocked: VecDeque::new(),
@@ -223,6 +226,9 @@ impl Far {
         let mut forward = false;
         let chain = chain(&frame);
         let chain_is_empty = chain.is_empty();
+        let closes = chain
+            .iter()
+            .any(|(h, _, _)| h.is_response() && h.command == Command::CLOSE);
         for (header, at, len) in chain {
             if !header.is_response() {
                 forward = true;
@@ -253,13 +259,20 @@ impl Far {
                     if client_id != header.message_id {
                         frame[at + 24..at + 32].copy_from_slice(&client_id.to_le_bytes());
                     }
+                    let body = &frame[at + HEADER_LEN..at + len];
                     if command == Command::CREATE && !interim {
-                        if header.status == status::SUCCESS {
-                            let body = &frame[at + HEADER_LEN..at + len];
+                        if header.status == status::SUCCESS && !closes {
                             self.created(&header, client_id, body);
                         } else {
+                            // Failed, or closed in the same compound: nothing open.
                             self.creates.remove(&header.message_id);
                         }
+                    }
+                    if command == Command::NEGOTIATE
+                        && header.status == status::SUCCESS
+                        && let Ok(negotiated) = NegotiateResponse::parse(body)
+                    {
+                        self.max_read = negotiated.max_read_size;
                     }
                     forward = true;
                 }
@@ -343,23 +356,17 @@ impl Far {
             return Ok(());
         }
         let chain = chain(&frame);
-        // Plan first (a miss shifts the ids of the requests after it): the frame waits if
-        // an id it would get is beyond what the server has granted.
-        let (mut shift, mut top, mut missed) = (self.shift, self.top, false);
+        // Plan first (a miss turns the ids of the requests after it fresh): the frame
+        // waits if an id it would get is beyond what the server has granted.
+        let (mut fresh, mut top) = (self.fresh, self.top);
         for (h, _, _) in &chain {
             if h.is_response() || h.command == Command::CANCEL {
                 continue;
             }
             let charge = charge_of(h.credit_charge);
-            let end = if self.late.contains(&h.message_id) {
-                top.saturating_add(charge)
-            } else {
-                if !missed && self.collides(h.message_id, charge) {
-                    missed = true;
-                    shift = shift.max(top.saturating_sub(h.message_id));
-                }
-                h.message_id.saturating_add(shift).saturating_add(charge)
-            };
+            fresh |= self.collides(h.message_id, charge);
+            let start = if fresh { top } else { h.message_id };
+            let end = start.saturating_add(charge);
             if end > self.window_end {
                 return Err(frame);
             }
@@ -382,15 +389,10 @@ impl Far {
             }
             let client_id = header.message_id;
             let charge = charge_of(header.credit_charge);
-            let server_id = if self.late.remove(&client_id) {
-                self.top
-            } else {
-                if self.collides(client_id, charge) {
-                    self.missed(client_id);
-                    self.shift = self.shift.max(self.top.saturating_sub(client_id));
-                }
-                client_id.saturating_add(self.shift)
-            };
+            if self.collides(client_id, charge) {
+                self.missed();
+            }
+            let server_id = if self.fresh { self.top } else { client_id };
             if server_id != client_id {
                 frame[at + 24..at + 32].copy_from_slice(&server_id.to_le_bytes());
                 self.stats.remapped += 1;
@@ -464,10 +466,11 @@ impl Far {
     fn client_request(&mut self, header: &Header, server_id: u64, body: &[u8]) {
         match header.command {
             Command::CREATE => {
-                // ShareAccess (4 bytes at 32), RequestedOplockLevel (at 3).
-                if let (Some(share), Some(_)) = (body.get(32..36), body.get(3)) {
-                    let share = u32::from_le_bytes([share[0], share[1], share[2], share[3]]);
-                    self.creates.insert(server_id, share);
+                // ShareAccess (4 bytes at 32); the tree, which an async answer does not name.
+                if let (Some(share), TreeOrAsync::Tree { tree_id, .. }) =
+                    (body.get(32..36), header.tree_or_async)
+                {
+                    self.creates.insert(server_id, (le32(share, 0), tree_id));
                 }
             }
             Command::READ => {
@@ -527,7 +530,12 @@ impl Far {
         {
             let mut read = *read;
             if u64::from(read.length) >= file.end_of_file {
-                read.length = read.length.div_ceil(BYTES_PER_CREDIT).max(1) * BYTES_PER_CREDIT;
+                let block = u64::from(read.length.div_ceil(BYTES_PER_CREDIT).max(1))
+                    * u64::from(BYTES_PER_CREDIT);
+                read.length = u32::try_from(block)
+                    .unwrap_or(u32::MAX)
+                    .min(self.max_read)
+                    .max(read.length);
             }
             script.read = Some((*header, read));
             self.script = Some(script);
@@ -571,9 +579,12 @@ impl Far {
     /// A CREATE answered (the client's `client_id`): the file, its end, whether it may be
     /// read ahead, and the script to play for it.
     fn created(&mut self, header: &Header, client_id: u64, body: &[u8]) {
-        let Some(share) = self.creates.remove(&header.message_id) else {
+        let Some((share, tree_id)) = self.creates.remove(&header.message_id) else {
             return;
         };
+        if self.files.len() >= MAX_FILES {
+            return;
+        }
         // OplockLevel (at 2), EndofFile (8 at 48), FileAttributes (4 at 56), FileId (16 at 64).
         let (Some(&oplock), Some(eof), Some(attributes), Some(id)) = (
             body.get(2),
@@ -585,9 +596,6 @@ impl Far {
         };
         let file_id = FileId::parse(id);
         let eligible = share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock);
-        let TreeOrAsync::Tree { tree_id, .. } = header.tree_or_async else {
-            return;
-        };
         self.files.insert(
             file_id,
             File {
@@ -697,7 +705,7 @@ impl Far {
     fn predict(&mut self, header: Header, mut message: Vec<u8>) -> Option<u64> {
         let id = header.message_id;
         let charge = charge_of(header.credit_charge);
-        let server_id = id.saturating_add(self.shift);
+        let server_id = if self.fresh { self.top } else { id };
         if server_id.saturating_add(charge) > self.window_end
             || server_id < self.top
             || self.collides(id, charge)
@@ -758,9 +766,10 @@ impl Far {
         };
         if message.len() > MAX_FRAME_LEN - 8 {
             // Longer than a record can carry (a server answering more than was asked):
-            // withdrawn, so that near sends the client's request, if it holds one, on.
+            // withdrawn, so that near sends the client's request, if it holds one, on,
+            // with a fresh id (the prediction spent the client's).
             self.predictions.remove(&client_id);
-            self.late.insert(client_id);
+            self.fresh = true;
             self.to_near.push_back(Record::Withdrawn {
                 message_id: client_id,
             });
@@ -836,6 +845,9 @@ impl Far {
             } else {
                 read.length
             };
+            if length == 0 {
+                return;
+            }
             let credit_charge = if header.credit_charge == 0 {
                 0
             } else {
@@ -877,13 +889,11 @@ impl Far {
     /// prediction is lost (their ids are spent at the server) and withdrawn, their files'
     /// read-ahead stops, and the script is forgotten (the client does something else now;
     /// far learns again from the next file it opens).
-    fn missed(&mut self, at: u64) {
+    fn missed(&mut self) {
+        self.fresh = true;
         for (id, key) in std::mem::take(&mut self.predictions) {
             // Near may hold a client request for it: it goes to the server after all.
             self.to_near.push_back(Record::Withdrawn { message_id: id });
-            if id < at {
-                self.late.insert(id);
-            }
             self.stats.missed += 1;
             self.stats.missed_bytes += u64::from(key.read_length());
             if let Some(file) = self.files.get_mut(&key.file_id()) {
@@ -891,6 +901,11 @@ impl Far {
             }
         }
         self.script = None;
+        // What the played files' clients sent is partly unknown here (near answered it):
+        // the next file opened teaches.
+        for file in self.files.values_mut() {
+            file.learning = None;
+        }
     }
 
     fn stop_all(&mut self) {
@@ -901,10 +916,10 @@ impl Far {
     }
 
     /// Whether far stands between the client's ids and the server's: a prediction is
-    /// outstanding or the ids are shifted. Until then, every client frame reached the
+    /// outstanding or the ids are fresh. Until then, every client frame reached the
     /// server as the client sent it.
     pub fn translating(&self) -> bool {
-        !self.predictions.is_empty() || self.shift != 0
+        !self.predictions.is_empty() || self.fresh
     }
 
     /// Ends read-ahead for good: from here each client frame goes to the server as it

@@ -29,13 +29,25 @@
 //! client's request passed on to far after all.
 
 use super::{EngineStats, Key, Record, charge_of, single_request};
-use crate::wire::header::{Command, HEADER_LEN, Header, Messages, flags, status};
+use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
 use crate::wire::messages::{CloseRequest, FileId, file_id_of};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Files near keeps track of at most, for answering their CLOSE (past it, a CLOSE goes the
 /// whole way).
 pub const MAX_OPENS: usize = 4096;
+/// `DesiredAccess` bit: the open may delete the file.
+const DELETE: u32 = 0x0001_0000;
+/// `CreateOptions` bit: the file goes at its last CLOSE.
+const FILE_DELETE_ON_CLOSE: u32 = 0x0000_1000;
+
+/// The tree a message names (0 for an async one, which names none).
+fn tree_of(header: &Header) -> u32 {
+    match header.tree_or_async {
+        TreeOrAsync::Tree { tree_id, .. } => tree_id,
+        TreeOrAsync::Async(_) => 0,
+    }
+}
 
 /// A prediction far announced.
 #[derive(Debug)]
@@ -58,6 +70,10 @@ struct Asked {
 /// A file the client has open, as near sees it.
 #[derive(Debug, Default)]
 struct Open {
+    tree_id: u32,
+    /// Opened with DELETE access or DELETE_ON_CLOSE: its CLOSE may fail (a directory not
+    /// empty) and goes the whole way.
+    deletes: bool,
     /// Client requests on it not answered yet.
     busy: u32,
     /// The client sent something that may change it (WRITE, SET_INFO, FLUSH, LOCK, IOCTL).
@@ -71,21 +87,24 @@ pub struct Near {
     /// Single requests far may predict, passed on to far and not answered yet, by id: an
     /// announcement that crosses one on the WAN is its own.
     passed: HashMap<u64, Key>,
-    /// Crossed READs near answered from PREFETCHED: if far withdraws one, it had not taken
-    /// the READ as the prediction's and sends it to the server, whose answer...
-    crossed: BTreeSet<u64>,
-    /// ...the client must not get a second time.
-    drop_answer: BTreeSet<u64>,
+    /// Crossed requests near answered from PREFETCHED, and their credit charges: if far
+    /// withdraws one, it had not taken the request as the prediction's and sends it to
+    /// the server, whose answer the client must not get a second time (`dropped`).
+    crossed: BTreeMap<u64, u16>,
     /// One past the highest id the client has used: predictions below it that it did not
     /// ask for are dead.
     client_next: u64,
-    /// Files the client opened (their CREATE answered) and has not closed.
-    opens: HashMap<FileId, Open>,
+    /// Files the client opened (their CREATE answered) and has not closed, by session.
+    opens: HashMap<(u64, FileId), Open>,
+    /// CREATEs sent on, by id: whether the open may delete the file at its CLOSE.
+    creating: HashMap<u64, bool>,
     /// Client requests on an open file, passed on and not answered yet, by id.
-    on_file: HashMap<u64, FileId>,
-    /// CLOSEs near answered, by id, and the credits it granted: the server's answer is not
-    /// the client's.
-    closed: HashMap<u64, u16>,
+    on_file: HashMap<u64, (u64, FileId)>,
+    /// Requests whose answer from the server the client must not get (near answered them:
+    /// a CLOSE, or a crossed request far sent on after all), by id, and what they spent of
+    /// the client's credits: only the difference between what the server grants and that
+    /// reaches the client (`owed`).
+    dropped: HashMap<u64, u16>,
     /// Far has announced a prediction on this connection: it acts on the session (its
     /// gateway's SMB acceleration is on), so near may answer CLOSEs.
     far_acts: bool,
@@ -163,25 +182,44 @@ impl Near {
                     self.announced.remove(&id);
                 }
             }
-            let Some(file_id) = file_id_of(header.command, &message[HEADER_LEN..])
-                .filter(|id| self.opens.contains_key(id))
+            let body = &message[HEADER_LEN..];
+            match header.command {
+                Command::CREATE if self.creating.len() < MAX_OPENS => {
+                    // DesiredAccess (4 at 24), CreateOptions (4 at 40).
+                    let le32 =
+                        |at: usize| body.get(at..at + 4).map_or(0, |b| crate::wire::le32(b, 0));
+                    let deletes = le32(24) & DELETE != 0 || le32(40) & FILE_DELETE_ON_CLOSE != 0;
+                    self.creating.insert(header.message_id, deletes);
+                }
+                // Handles the session or the tree had are closed with it.
+                Command::LOGOFF => self.opens.retain(|(s, _), _| *s != header.session_id),
+                Command::TREE_DISCONNECT => {
+                    let tree = tree_of(&header);
+                    self.opens
+                        .retain(|(s, _), o| *s != header.session_id || o.tree_id != tree);
+                }
+                _ => {}
+            }
+            let Some(open_key) = file_id_of(header.command, body)
+                .map(|id| (header.session_id, id))
+                .filter(|k| self.opens.contains_key(k))
             else {
                 continue;
             };
             if header.command == Command::CLOSE {
                 // The handle is the client's no more, whoever answers.
                 let here = alone && self.close_here(&header, &frame);
-                self.opens.remove(&file_id);
+                self.opens.remove(&open_key);
                 if here {
                     self.to_far.push_back(Record::Smb(frame));
                     return;
                 }
                 continue;
             }
-            if let Some(open) = self.opens.get_mut(&file_id) {
+            if let Some(open) = self.opens.get_mut(&open_key) {
                 open.changed |= changes;
                 open.busy += 1;
-                self.on_file.insert(header.message_id, file_id);
+                self.on_file.insert(header.message_id, open_key);
             }
         }
         let next = self.client_next;
@@ -205,16 +243,23 @@ impl Near {
         else {
             return false;
         };
-        let Some(open) = self.opens.get(&close.file_id) else {
+        let Some(open) = self.opens.get(&(header.session_id, close.file_id)) else {
             return false;
         };
+        // A request on the file that waits here for its prediction's answer is busy too.
+        let waiting = self
+            .announced
+            .values()
+            .any(|a| a.asked.is_some() && a.key.file_id() == close.file_id);
         if !self.far_acts
             || open.busy != 0
+            || waiting
             || open.changed
+            || open.deletes
             || close.flags & CloseRequest::POSTQUERY_ATTRIB != 0
             || header.is_async()
             || header.flags & flags::SIGNED != 0
-            || self.closed.len() >= MAX_OPENS
+            || self.dropped.len() >= MAX_OPENS
         {
             return false;
         }
@@ -234,7 +279,7 @@ impl Near {
             return false;
         }
         message.extend_from_slice(&CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES);
-        self.closed.insert(header.message_id, granted);
+        self.dropped.insert(header.message_id, granted);
         self.stats.answered_locally += 1;
         self.give(message);
         true
@@ -249,20 +294,17 @@ impl Near {
                     && h.is_response()
                 {
                     let interim = h.status == status::PENDING && h.is_async();
-                    if let Some(&granted) = self.closed.get(&h.message_id) {
-                        // The server's answer to a CLOSE near answered: only its credits
-                        // reach the client.
+                    if let Some(&spent) = self.dropped.get(&h.message_id) {
+                        // The server's answer to a request near answered: only its credits
+                        // reach the client, less what the request spent (which near's
+                        // answer gave back).
                         self.owed += i64::from(h.credits);
                         if !interim {
-                            self.owed -= i64::from(granted);
-                            self.closed.remove(&h.message_id);
+                            self.owed -= i64::from(spent);
+                            self.dropped.remove(&h.message_id);
+                            self.passed.remove(&h.message_id);
+                            self.finished(h.message_id);
                         }
-                        return;
-                    }
-                    if !interim && self.drop_answer.remove(&h.message_id) {
-                        // The second answer to a READ the client has had its answer to.
-                        self.passed.remove(&h.message_id);
-                        self.finished(h.message_id);
                         return;
                     }
                 }
@@ -278,13 +320,22 @@ impl Near {
                         self.passed.remove(&h.message_id);
                         self.announced.remove(&h.message_id);
                         self.finished(h.message_id);
+                        let deletes = self.creating.remove(&h.message_id);
                         if h.command == Command::CREATE && h.status == status::SUCCESS && !closes {
                             // FileId (16 at 64 of the body). A compound that closes what
                             // it creates leaves nothing open.
                             if let Some(id) = message.get(HEADER_LEN + 64..HEADER_LEN + 80)
+                                && let Some(deletes) = deletes
                                 && self.opens.len() < MAX_OPENS
                             {
-                                self.opens.entry(FileId::parse(id)).or_default();
+                                self.opens.insert(
+                                    (h.session_id, FileId::parse(id)),
+                                    Open {
+                                        tree_id: tree_of(&h),
+                                        deletes,
+                                        ..Open::default()
+                                    },
+                                );
                             }
                         }
                     }
@@ -321,7 +372,8 @@ impl Near {
                             self.announced.remove(&message_id);
                             self.answer(message_id, answer, &asked.key);
                             if crossed {
-                                self.crossed.insert(message_id);
+                                let charge = u16::try_from(asked.key.charge()).unwrap_or(u16::MAX);
+                                self.crossed.insert(message_id, charge);
                                 // Bounded: far withdraws a prediction within a round
                                 // trip of its answer, while ids move on.
                                 if self.crossed.len() > 4 * super::far::MAX_PREDICTIONS {
@@ -334,8 +386,8 @@ impl Near {
                 }
             }
             Record::Withdrawn { message_id } => {
-                if self.crossed.remove(&message_id) {
-                    self.drop_answer.insert(message_id);
+                if let Some(charge) = self.crossed.remove(&message_id) {
+                    self.dropped.insert(message_id, charge);
                 }
                 if let Some(Announced {
                     asked:
@@ -366,12 +418,9 @@ impl Near {
             || header.next_command != 0
             || matches!(header.command, Command::OPLOCK_BREAK | Command::CREATE)
             || self.owed != 0
-            || self.closed.contains_key(&header.message_id)
-        {
-            return false;
-        }
-        if self.drop_answer.contains(&header.message_id) {
             // Dropped whole by from_far.
+            || self.dropped.contains_key(&header.message_id)
+        {
             return false;
         }
         if !(header.status == status::PENDING && header.is_async()) {
@@ -384,8 +433,8 @@ impl Near {
 
     /// The final answer to the client's request `id` came.
     fn finished(&mut self, id: u64) {
-        if let Some(file_id) = self.on_file.remove(&id)
-            && let Some(open) = self.opens.get_mut(&file_id)
+        if let Some(key) = self.on_file.remove(&id)
+            && let Some(open) = self.opens.get_mut(&key)
         {
             open.busy = open.busy.saturating_sub(1);
         }
@@ -402,16 +451,23 @@ impl Near {
     fn answer(&mut self, message_id: u64, mut answer: Vec<u8>, asked: &Key) {
         asked.cut_for(&mut answer);
         self.stats.answered_locally += 1;
+        // A crossed request went on to far (and counts as outstanding on its file): far
+        // takes it as the prediction's and sends no other answer.
+        self.finished(message_id);
         self.give(answer);
         self.to_far.push_back(Record::Consumed { message_id });
     }
 
     /// Hands the client `frame`, first settling what near owes it in credits (or it owes)
     /// on the frame's first response.
+    /// Not on a signed answer (the credits are signed) or an oplock break (not an answer to
+    /// a request, whose credits a client may not count): the next one settles.
     fn give(&mut self, mut frame: Vec<u8>) {
         if self.owed != 0
             && let Some((h, _)) = Messages::new(&frame).next()
             && h.is_response()
+            && h.flags & flags::SIGNED == 0
+            && h.message_id != u64::MAX
         {
             let credits = (i64::from(h.credits) + self.owed).clamp(0, i64::from(u16::MAX));
             self.owed -= credits - i64::from(h.credits);

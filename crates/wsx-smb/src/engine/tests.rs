@@ -105,6 +105,13 @@ impl Server {
         }
     }
 
+    /// Ids below the highest used that no request used: Samba's window cannot slide past
+    /// one, so each is a credit the session loses for good.
+    fn holes(&self) -> Vec<u64> {
+        let top = self.used.last().map_or(0, |&t| t + 1);
+        (0..top).filter(|id| !self.used.contains(id)).collect()
+    }
+
     fn answer(&mut self, frame: &[u8]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for (h, m) in Messages::new(frame) {
@@ -822,6 +829,10 @@ fn run(
             "the simulation does not end"
         );
     }
+    let holes = server.holes();
+    if !holes.is_empty() {
+        server.violations.push(format!("ids never used: {holes:?}"));
+    }
     Run {
         finished_ms: client.finished_at.unwrap_or(u64::MAX) / 1000,
         data: client.data,
@@ -1451,7 +1462,7 @@ fn nothing_cuts_into_a_frame_streaming_through() {
 
 /// A pipelining client: near holds its READ for prediction k+1 while its ECHO, sent
 /// next with id k+2, reaches far and misses. Far withdraws k+1 and near sends the READ on:
-/// it must get a server id no request has had (the shift is only safe from k+2 up).
+/// it must get a server id no request has had, and so must every request after it.
 #[test]
 fn a_withdrawn_read_sent_on_late_gets_a_fresh_id() {
     let mut far = Splice::far(1 << 20);
@@ -1471,6 +1482,12 @@ fn a_withdrawn_read_sent_on_late_gets_a_fresh_id() {
     );
     far.from_peer(&framed(&read)).unwrap();
     pass(&mut far, &mut server);
+    // The client goes on after both: every request gets an id the server has not seen.
+    for id in k + 3..k + 6 {
+        let echo = message(&header(Command::ECHO, id, 1, 1), &[4, 0, 0, 0]);
+        far.from_peer(&framed(&echo)).unwrap();
+        pass(&mut far, &mut server);
+    }
     assert!(server.violations.is_empty(), "{:?}", server.violations);
     // And its answer reaches near with the client's id.
     let mut answers = Vec::new();
@@ -1520,9 +1537,11 @@ fn a_pipelining_client_reads_every_byte_right_through_the_races() {
 }
 
 /// Near answers a CLOSE itself only once far acts on the session, and only for a file it
-/// saw opened, that nothing may have changed, with no request on it outstanding and no
-/// attributes asked; the server's own answer is dropped but for its credits, which the
-/// client gets on its next answer (fewer, if the server granted fewer than near did).
+/// saw opened (without DELETE access or DELETE_ON_CLOSE) in a session and tree still
+/// there, that nothing may have changed, with no request on it outstanding or waiting for
+/// its prediction, and no attributes asked; the server's own answer (interim or final) is
+/// dropped but for its credits, which the client gets on its next answer (fewer, if the
+/// server granted fewer than near did).
 #[test]
 fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
     let mut near = Near::new();
@@ -1539,11 +1558,20 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
         persistent: 1,
         volatile: n,
     };
-    let opened = |n: u64, id: u64| {
+    // The client opens file `n` with a CREATE of id `id` (access and options as given),
+    // and the server answers it.
+    let open = |near: &mut Near, n: u64, id: u64, access: u32, options: u32| {
+        let mut create = vec![0; 57];
+        create[0] = 57;
+        create[24..28].copy_from_slice(&access.to_le_bytes());
+        create[40..44].copy_from_slice(&options.to_le_bytes());
+        near.from_client(message(&header(Command::CREATE, id, 1, 1), &create));
+        near.poll_to_far().unwrap();
         let mut body = vec![0; 88];
         body[0] = 89;
         body[64..80].copy_from_slice(&[1u64.to_le_bytes(), n.to_le_bytes()].concat());
-        response(Command::CREATE, id, 1, &body)
+        near.from_far(response(Command::CREATE, id, 1, &body));
+        near.poll_to_client().unwrap();
     };
     let close = |n: u64, id: u64, flags: u16| {
         let mut body = vec![0; CloseRequest::LEN];
@@ -1571,14 +1599,12 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
         assert!(near.poll_to_client().is_none() && near.poll_to_far().is_none());
         (local, passed)
     };
+    let goes_on = |near: &mut Near| matches!(answered_here(near), (None, Some(Record::Smb(_))));
+    let credits_of = |frame: Vec<u8>| Messages::new(&frame).next().unwrap().0.credits;
     // Far has announced nothing: a CLOSE goes the whole way.
-    near.from_far(opened(1, 1));
-    near.poll_to_client().unwrap();
+    open(&mut near, 1, 1, 0, 0);
     near.from_client(close(1, 2, 0));
-    assert!(matches!(
-        answered_here(&mut near),
-        (None, Some(Record::Smb(_)))
-    ));
+    assert!(goes_on(&mut near));
     let key = super::Key::Read(super::ReadKey::of(
         &header(Command::READ, 100, 1, 1),
         &read_at(0, 10),
@@ -1594,32 +1620,20 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
         &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES,
     ));
     near.poll_to_client().unwrap();
-    // A file opened, queried: the CLOSE waits while the QUERY_INFO is outstanding.
-    near.from_far(opened(2, 3));
-    near.poll_to_client().unwrap();
+    // A file opened, queried: the CLOSE goes on while the QUERY_INFO is outstanding.
+    open(&mut near, 2, 3, 0, 0);
     near.from_client(query(2, 4));
     near.poll_to_far().unwrap();
     near.from_client(close(2, 5, 0));
-    assert!(matches!(
-        answered_here(&mut near),
-        (None, Some(Record::Smb(_)))
-    ));
+    assert!(goes_on(&mut near));
     // Attributes asked, or a file never seen opened: the whole way.
-    near.from_far(opened(3, 6));
-    near.poll_to_client().unwrap();
+    open(&mut near, 3, 6, 0, 0);
     near.from_client(close(3, 7, CloseRequest::POSTQUERY_ATTRIB));
-    assert!(matches!(
-        answered_here(&mut near),
-        (None, Some(Record::Smb(_)))
-    ));
+    assert!(goes_on(&mut near));
     near.from_client(close(9, 8, 0));
-    assert!(matches!(
-        answered_here(&mut near),
-        (None, Some(Record::Smb(_)))
-    ));
+    assert!(goes_on(&mut near));
     // A file written: the whole way.
-    near.from_far(opened(4, 9));
-    near.poll_to_client().unwrap();
+    open(&mut near, 4, 9, 0, 0);
     let mut write = vec![0; 49];
     write[0] = 49;
     write[16..32].copy_from_slice(&[1u64.to_le_bytes(), 4u64.to_le_bytes()].concat());
@@ -1628,13 +1642,43 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
     near.from_far(response(Command::WRITE, 10, 1, &[17, 0]));
     near.poll_to_client().unwrap();
     near.from_client(close(4, 11, 0));
-    assert!(matches!(
-        answered_here(&mut near),
-        (None, Some(Record::Smb(_)))
+    assert!(goes_on(&mut near));
+    // Opened to be deleted at its CLOSE, or with DELETE access: the whole way.
+    open(&mut near, 7, 30, 0, 0x1000);
+    near.from_client(close(7, 31, 0));
+    assert!(goes_on(&mut near));
+    open(&mut near, 8, 32, 0x0001_0000, 0);
+    near.from_client(close(8, 33, 0));
+    assert!(goes_on(&mut near));
+    // The tree disconnected: its handles are gone, a CLOSE of one is the server's to answer.
+    open(&mut near, 10, 34, 0, 0);
+    near.from_client(message(
+        &header(Command::TREE_DISCONNECT, 35, 1, 1),
+        &[4, 0, 0, 0],
     ));
+    near.poll_to_far().unwrap();
+    near.from_client(close(10, 36, 0));
+    assert!(goes_on(&mut near));
+    // A READ of the file waits here for its prediction's answer: the CLOSE goes on.
+    open(&mut near, 11, 37, 0, 0);
+    let read = ReadRequest {
+        file_id: file(11),
+        ..read_at(0, 10)
+    };
+    let h = header(Command::READ, 38, 1, 1);
+    near.from_far(Record::Announce {
+        message_id: 38,
+        key: super::Key::Read(super::ReadKey::of(&h, &read)),
+    });
+    near.from_client(read_message(&h, &read));
+    assert!(
+        near.poll_to_far().is_none(),
+        "the READ waits for its answer"
+    );
+    near.from_client(close(11, 39, 0));
+    assert!(goes_on(&mut near));
     // A file only read: answered here with the credits it spends; the CLOSE goes on.
-    near.from_far(opened(5, 12));
-    near.poll_to_client().unwrap();
+    open(&mut near, 5, 12, 0, 0);
     near.from_client(close(5, 13, 0));
     let (Some(local), Some(Record::Smb(passed))) = answered_here(&mut near) else {
         panic!("the CLOSE was not answered here");
@@ -1648,20 +1692,27 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
         &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES
     );
     assert_eq!(near.stats().answered_locally, 1);
-    // The server's answer grants 5: dropped, and the 4 near did not give go with the next.
+    // The server answers it first with an interim granting 2, then finally with 3: both
+    // dropped, and the 4 near did not give go with the next answer.
+    let interim = Header {
+        status: status::PENDING,
+        flags: flags::SERVER_TO_REDIR | flags::ASYNC_COMMAND,
+        tree_or_async: TreeOrAsync::Async(5),
+        ..header(Command::CLOSE, 13, 1, 2)
+    };
+    near.from_far(Record::Smb(message(&interim, &[9, 0, 0, 0, 0, 0, 0, 0, 0])));
     near.from_far(response(
         Command::CLOSE,
         13,
-        5,
+        3,
         &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES,
     ));
     assert!(near.poll_to_client().is_none());
     near.from_far(response(Command::ECHO, 14, 1, &[4, 0, 0, 0]));
-    let next = near.poll_to_client().unwrap();
-    assert_eq!(Messages::new(&next).next().unwrap().0.credits, 5);
-    // One that grants none: the next answer gives one credit less.
-    near.from_far(opened(6, 15));
-    near.poll_to_client().unwrap();
+    assert_eq!(credits_of(near.poll_to_client().unwrap()), 5);
+    // One that grants none: the next answer gives one credit less; an oplock break or a
+    // signed answer in between is left as it is.
+    open(&mut near, 6, 15, 0, 0);
     near.from_client(close(6, 16, 0));
     answered_here(&mut near);
     near.from_far(response(
@@ -1670,7 +1721,19 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
         0,
         &CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES,
     ));
-    near.from_far(response(Command::ECHO, 17, 3, &[4, 0, 0, 0]));
-    let next = near.poll_to_client().unwrap();
-    assert_eq!(Messages::new(&next).next().unwrap().0.credits, 2);
+    let brk = Header {
+        message_id: u64::MAX,
+        flags: flags::SERVER_TO_REDIR,
+        ..header(Command::OPLOCK_BREAK, 0, 0, 3)
+    };
+    near.from_far(Record::Smb(message(&brk, &[24, 0])));
+    assert_eq!(credits_of(near.poll_to_client().unwrap()), 3);
+    let signed = Header {
+        flags: flags::SERVER_TO_REDIR | flags::SIGNED,
+        ..header(Command::ECHO, 17, 1, 3)
+    };
+    near.from_far(Record::Smb(message(&signed, &[4, 0, 0, 0])));
+    assert_eq!(credits_of(near.poll_to_client().unwrap()), 3);
+    near.from_far(response(Command::ECHO, 18, 3, &[4, 0, 0, 0]));
+    assert_eq!(credits_of(near.poll_to_client().unwrap()), 2);
 }
