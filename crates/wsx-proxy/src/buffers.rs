@@ -63,6 +63,27 @@ impl RelayBuffers {
         })
     }
 
+    /// Up to `want` bytes of the budget for a use that is not a buffer (the SMB engine's
+    /// read-ahead), as many as are left; give them back with [`Self::give_bytes`].
+    pub(crate) fn take_bytes(&self, want: usize) -> usize {
+        let mut granted = 0;
+        let _ = self
+            .lent
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |lent| {
+                granted = want.min(self.budget.saturating_sub(lent));
+                (granted > 0).then_some(lent + granted)
+            });
+        if granted < want {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        granted
+    }
+
+    /// Gives back `bytes` taken with [`Self::take_bytes`].
+    pub(crate) fn give_bytes(&self, bytes: usize) {
+        self.lent.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
     /// Bytes lent now.
     pub(crate) fn lent(&self) -> usize {
         self.lent.load(Ordering::Relaxed)
@@ -135,6 +156,20 @@ mod tests {
         assert_eq!(c, Some(60));
         drop(b);
         assert_eq!(pool.lent(), 0, "everything came back");
+    }
+
+    #[test]
+    fn bytes_taken_for_read_ahead_share_the_budget_with_buffers() {
+        let pool = RelayBuffers::new(100);
+        let a = pool.take(60);
+        assert_eq!(pool.take_bytes(70), 40, "what is left");
+        assert_eq!(pool.refused(), 1);
+        assert_eq!(pool.take_bytes(10), 0);
+        assert!(pool.take(1).is_none(), "buffers wait for the bytes too");
+        pool.give_bytes(40);
+        drop(a);
+        assert_eq!(pool.lent(), 0);
+        assert_eq!(pool.take_bytes(100), 100);
     }
 
     #[test]

@@ -273,6 +273,8 @@ where
             if at_peer.shut {
                 splice.peer_written(splice.to_peer().len());
             }
+            progress |= engine.lease();
+            let splice = &mut engine.splice;
             if !at_end.read_done && splice.to_peer().len() + splice.held_for_peer() < SPLICE_LIMIT {
                 if let Poll::Ready(data) = at_end.poll_read(cx, &mut *end, buffers)? {
                     progress = true;
@@ -823,8 +825,9 @@ mod tests {
     /// each driven by `copy_spliced` as the gateways run them, the tunnel stream between
     /// them a TCP pair: every byte arrives as sent both ways, each end's close is passed on
     /// after what came before it (far's requests waiting for credits included), both
-    /// relays complete, and the engines give back every byte they held. Far reads nothing
-    /// ahead (window 0), so the server sees exactly the client's requests.
+    /// relays complete, and the engines give back every byte they held, far its lease of
+    /// the relay budget too. Far has a window but reads nothing ahead (smbclient's opens
+    /// let others write), so the server sees exactly the client's requests.
     #[tokio::test]
     async fn a_session_crosses_both_engine_halves_byte_for_byte() {
         use crate::smb::{Engine, SmbTotals};
@@ -856,9 +859,9 @@ mod tests {
                 drop(engine);
                 copied
             });
-            let far_totals = totals.clone();
+            let (far_totals, pool) = (totals.clone(), buffers.from.clone());
             let far = tokio::spawn(async move {
-                let mut engine = Engine::far(0, far_totals);
+                let mut engine = Engine::far(8 << 20, far_totals, buffers.from.clone());
                 let copied = copy_spliced(
                     &mut server_side,
                     &mut far_peer,
@@ -886,6 +889,7 @@ mod tests {
             let stats = totals.snapshot();
             assert_eq!(stats.engine_sessions, 2);
             assert_eq!(stats.held_bytes, 0, "{stats:?}");
+            assert_eq!(pool.lent(), 0, "every byte leased came back");
         }
     }
 

@@ -9,6 +9,7 @@
 //! Otherwise the relay copies the bytes and the observer reads them in its buffer, before
 //! they are written on: no copy, no delay, nothing changed.
 
+use crate::buffers::RelayBuffers;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::info;
@@ -114,6 +115,13 @@ impl SmbTotals {
 }
 
 /// One session's half of the read-ahead engine, and what it adds to the gateway's totals.
+///
+/// Far's read-ahead is bounded gateway-wide: the bytes it has predicted and not seen
+/// consumed (which wait at near, or on their way) are taken from the relay buffers'
+/// budget ([`RelayBuffers::take_bytes`]) while it has them. Before each step the session
+/// asks for up to its window ([`Engine::lease`]); after it, it keeps what is outstanding
+/// and gives the rest back ([`Engine::count`]). With the budget spent, a session reads
+/// ahead less or not at all, and its traffic flows as without read-ahead (fail open).
 #[derive(Debug)]
 pub(crate) struct Engine {
     pub(crate) splice: Splice,
@@ -122,6 +130,10 @@ pub(crate) struct Engine {
     totals: Arc<SmbTotals>,
     counted: EngineStats,
     counted_held: u64,
+    /// Far: its window as configured, the budget it leases from and what it holds of it.
+    window: u64,
+    budget: Option<Arc<RelayBuffers>>,
+    leased: u64,
 }
 
 impl Engine {
@@ -131,9 +143,12 @@ impl Engine {
     }
 
     /// Far: this gateway's server, reading ahead up to `window` bytes per session (0: the
-    /// engine's framing only, no read-ahead).
-    pub(crate) fn far(window: u64, totals: Arc<SmbTotals>) -> Self {
-        Self::new(Splice::far(window), false, totals)
+    /// engine's framing only, no read-ahead), leased from `budget`.
+    pub(crate) fn far(window: u64, totals: Arc<SmbTotals>, budget: Arc<RelayBuffers>) -> Self {
+        let mut engine = Self::new(Splice::far(0), false, totals);
+        engine.window = window;
+        engine.budget = Some(budget);
+        engine
     }
 
     fn new(splice: Splice, end_is_client: bool, totals: Arc<SmbTotals>) -> Self {
@@ -144,6 +159,44 @@ impl Engine {
             totals,
             counted: EngineStats::default(),
             counted_held: 0,
+            window: 0,
+            budget: None,
+            leased: 0,
+        }
+    }
+
+    /// Far, before a step, if it may act ahead of the client: leases up to its window from
+    /// the budget and lets far use it. Whether far had something for either side from it
+    /// (READs the larger window let it issue).
+    pub(crate) fn lease(&mut self) -> bool {
+        let Some(budget) = &self.budget else {
+            return false;
+        };
+        if self.leased >= self.window || !self.splice.may_act() {
+            return false;
+        }
+        let want = usize::try_from(self.window - self.leased).unwrap_or(usize::MAX);
+        let granted = budget.take_bytes(want) as u64;
+        if granted == 0 {
+            return false;
+        }
+        self.leased += granted;
+        let before = self.splice.to_end().len() + self.splice.to_peer().len();
+        self.splice.set_window(self.leased);
+        self.splice.to_end().len() + self.splice.to_peer().len() > before
+    }
+
+    /// Far, after a step: keeps of its lease what it has read ahead and not seen
+    /// consumed, and gives the rest back.
+    fn settle(&mut self) {
+        let Some(budget) = &self.budget else {
+            return;
+        };
+        let keep = self.splice.ahead_bytes().min(self.leased);
+        if keep < self.leased {
+            budget.give_bytes(usize::try_from(self.leased - keep).unwrap_or(usize::MAX));
+            self.leased = keep;
+            self.splice.set_window(keep);
         }
     }
 
@@ -173,6 +226,7 @@ impl Engine {
         }
         let held = self.splice.held() as u64;
         self.set_held(held);
+        self.settle();
     }
 
     fn set_held(&mut self, held: u64) {
@@ -190,6 +244,9 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.set_held(0);
+        if let Some(budget) = &self.budget {
+            budget.give_bytes(usize::try_from(self.leased).unwrap_or(usize::MAX));
+        }
     }
 }
 

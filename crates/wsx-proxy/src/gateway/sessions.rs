@@ -413,7 +413,7 @@ impl Inner {
                     // ahead only for a peer with `smb` on).
                     let engine = (meta.hint == smb::HINT).then(|| {
                         let window = if smb { read_ahead } else { 0 };
-                        Engine::far(window, self.smb.clone())
+                        Engine::far(window, self.smb.clone(), self.relay_buffers.clone())
                     });
                     let smb = relay::Smb {
                         watch: self.smb_watch(smb, destination.port()),

@@ -29,8 +29,8 @@
 //!   needs a fresh id that does not fit waits for the server's next grant.
 //! - **What is read ahead.** A file opened with a share mode that excludes writers or with
 //!   a Level II, exclusive or batch oplock (its end of file from the CREATE answer), one
-//!   file at a time, up to `window` bytes beyond what the client has consumed, never past
-//!   its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
+//!   file at a time, while the READs predicted and not consumed stay within `window`
+//!   bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
 //!   the server, or a READ that is not the predicted one stops it. The same files are
 //!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
@@ -653,7 +653,12 @@ impl Far {
             });
         }
         let mut id = opened.next_id;
+        let mut ahead = self.ahead_bytes();
         for (header, query) in script.queries {
+            ahead += u64::from(query.output_buffer_length);
+            if ahead > self.window {
+                return;
+            }
             let request = Header {
                 message_id: id,
                 session_id: opened.session_id,
@@ -821,6 +826,7 @@ impl Far {
         if self.observer.verdict() != Verdict::Unsigned {
             return;
         }
+        let mut ahead = self.ahead_bytes();
         loop {
             let Some(file) = self.files.get(&file_id) else {
                 return;
@@ -832,7 +838,6 @@ impl Far {
             if file.stopped
                 || rest == 0
                 || (!file.confirmed && file.next_offset > 0)
-                || file.next_offset.saturating_sub(file.consumed_to) >= self.window
                 // Its answer, and the record that carries it, must fit a frame.
                 || read.length as usize > MAX_FRAME_LEN - 4096
             {
@@ -845,7 +850,7 @@ impl Far {
             } else {
                 read.length
             };
-            if length == 0 {
+            if length == 0 || ahead.saturating_add(u64::from(length)) > self.window {
                 return;
             }
             let credit_charge = if header.credit_charge == 0 {
@@ -870,6 +875,7 @@ impl Far {
             let Some(next_id) = self.predict(request, message) else {
                 return;
             };
+            ahead += u64::from(length);
             if let Some(file) = self.files.get_mut(&file_id) {
                 file.next_offset = file.next_offset.saturating_add(u64::from(length));
                 file.next_id = next_id;
@@ -934,6 +940,29 @@ impl Far {
         self.stop_all();
         self.to_server.extend(self.blocked.drain(..));
         true
+    }
+
+    /// The most bytes the answers to far's predictions not seen consumed may carry at once
+    /// (READs' lengths, QUERY_INFOs' output buffers): its window, which the gateway may change as the session goes (a budget shared by all
+    /// sessions). A smaller window issues nothing until enough is consumed.
+    pub fn set_window(&mut self, window: u64) {
+        self.window = window;
+        self.read_ahead();
+    }
+
+    /// Whether far may act ahead of the client: the session is judged unsigned and far
+    /// has not passed through for good. A window is of use to it only then.
+    pub fn may_act(&self) -> bool {
+        !self.through && self.observer.verdict() == Verdict::Unsigned
+    }
+
+    /// Bytes the answers to far's predictions not seen consumed may carry (on their way to
+    /// near, or held there): at most the window when it was last issued one.
+    pub fn ahead_bytes(&self) -> u64 {
+        self.predictions
+            .values()
+            .map(|k| u64::from(k.answer_bound()))
+            .sum()
     }
 
     /// Bytes far holds: client frames waiting for the server's credits.

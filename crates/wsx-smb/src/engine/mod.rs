@@ -150,6 +150,15 @@ impl Key {
         }
     }
 
+    /// The most bytes of data its answer may carry: a READ's length, a QUERY_INFO's
+    /// output buffer.
+    pub fn answer_bound(&self) -> u32 {
+        match self {
+            Self::Read(r) => r.length,
+            Self::Query(q) => q.query.output_buffer_length,
+        }
+    }
+
     /// The ids the request spends.
     pub fn charge(&self) -> u64 {
         charge_of(match self {

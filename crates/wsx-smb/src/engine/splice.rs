@@ -457,6 +457,27 @@ impl Splice {
             + self.to_peer.bytes.capacity()
     }
 
+    /// Far's window ([`Far::set_window`]); nothing at near.
+    pub fn set_window(&mut self, window: u64) {
+        if let Half::Far(far) = &mut self.half {
+            far.set_window(window);
+            self.drain();
+        }
+    }
+
+    /// Whether far may act ahead of the client ([`Far::may_act`]); never at near.
+    pub fn may_act(&self) -> bool {
+        matches!(&self.half, Half::Far(far) if far.may_act())
+    }
+
+    /// Far's bytes read ahead and not consumed ([`Far::ahead_bytes`]); 0 at near.
+    pub fn ahead_bytes(&self) -> u64 {
+        match &self.half {
+            Half::Far(far) => far.ahead_bytes(),
+            Half::Near(_) => 0,
+        }
+    }
+
     pub fn stats(&self) -> EngineStats {
         match &self.half {
             Half::Near(near) => near.stats(),

@@ -1737,3 +1737,44 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
     near.from_far(response(Command::ECHO, 18, 3, &[4, 0, 0, 0]));
     assert_eq!(credits_of(near.poll_to_client().unwrap()), 2);
 }
+
+/// Far's window bounds the bytes its predictions may bring that near has not handed out,
+/// and the gateway may change it as the session goes: a window made smaller issues nothing
+/// more, one made larger again issues at once.
+#[test]
+fn far_reads_ahead_within_the_window_it_is_given() {
+    let mut far = Splice::far(256 << 10);
+    let (_, mut server, records) = drive_far(&mut far, |records| {
+        records.iter().any(|r| matches!(r, Record::Announce { .. }))
+    });
+    let announced = |records: &[Record]| {
+        records
+            .iter()
+            .filter(|r| matches!(r, Record::Announce { .. }))
+            .count()
+    };
+    // 64 KiB READs: four fit in 256 KiB.
+    assert_eq!(announced(&records), 4, "{records:?}");
+    assert_eq!(far.ahead_bytes(), 256 << 10);
+    far.peer_written(far.to_peer().len());
+    far.set_window(64 << 10);
+    serve(&mut far, &mut server, &mut Frames::new());
+    let mut to_near = Frames::new();
+    let mut more = Vec::new();
+    let bytes = far.to_peer().to_vec();
+    far.peer_written(bytes.len());
+    to_near
+        .feed(
+            &bytes,
+            |_| true,
+            |k, p| more.push(Record::parse(k, &p).unwrap()),
+        )
+        .unwrap();
+    assert_eq!(
+        announced(&more),
+        0,
+        "nothing beyond a smaller window: {more:?}"
+    );
+    far.set_window(512 << 10);
+    assert_eq!(far.ahead_bytes(), 512 << 10, "a larger one is used at once");
+}
