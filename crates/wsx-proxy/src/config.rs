@@ -285,7 +285,8 @@ impl Default for SessionConfig {
 ///   most the transport's own settings (64 MiB each by default). What a tunnel holds for
 ///   sending is also held to its congestion window (the path's pace), so it is usually far
 ///   below the bound.
-/// - **Relay buffers**, a quarter: large buffers lent to sessions while data flows.
+/// - **Relay buffers**, a quarter: large buffers lent to sessions while data flows, and the
+///   bytes the SMB engine reads ahead for them (leased while near holds them).
 /// - **Sessions**, a quarter: [`MemoryBudget::PER_SESSION`] each, from accept to end (the
 ///   task, its small buffers, the tunnel stream's state, the socket's bookkeeping). This is
 ///   what limits how many sessions the budget carries.
