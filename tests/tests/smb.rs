@@ -313,3 +313,86 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     assert_eq!(near_after["held_bytes"], 0, "{near_after}");
     assert_eq!(far_after["held_bytes"], 0, "{far_after}");
 }
+
+/// The client's errors through the gateways are the errors it gets without them: one
+/// smbprotocol session (`smb_errors.py`) reads files (so that far learns it and opens the
+/// next ahead), opens one that is not there, reads past an end, opens a directory as a
+/// file and a file another open shares with nobody, reads an empty file, and reads on
+/// after each; run first straight to Samba (no gateway running: the lab only routes),
+/// then intercepted by both gateways. Both runs must print the same list, each file read
+/// by its SHA-256 and each error by its NTSTATUS.
+#[test]
+fn a_client_gets_the_same_errors_through_the_gateways_as_without() {
+    let python = std::env::var_os("WSX_SMB_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "set WSX_SMB_PYTHON to a Python with smbprotocol (cargo xtask test installs one)"
+            )
+        });
+    let lab = wsx_e2e::gateway_lab();
+    let dir = wsx_e2e::config_dir(&lab);
+    let servers = [addr::server(false), addr::server(true)];
+    let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
+    let share = samba.share_dir();
+    for (name, len, seed) in [
+        ("a.bin", 150_000, 71),
+        ("b.bin", 65_536, 72),
+        ("c.bin", 3_000, 73),
+    ] {
+        std::fs::write(share.join(name), pseudo_random(len, seed)).unwrap();
+    }
+    std::fs::write(share.join("empty.bin"), b"").unwrap();
+    std::fs::create_dir_all(share.join("dir")).unwrap();
+    let script = dir.join("smb_errors.py");
+    std::fs::write(&script, include_str!("smb_errors.py")).unwrap();
+    let run = || -> Value {
+        let out = lab
+            .command(Node::Client, &python)
+            .arg(&script)
+            .args([&servers[0].to_string(), "pub", "root", Samba::PASSWORD])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the SMB client: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let without = run();
+    eprintln!("without the gateways: {without}");
+    // The errors are there to be compared.
+    let text = without.to_string();
+    for status in ["0xc0000034", "0xc0000011", "0xc00000ba", "0xc0000043"] {
+        assert!(text.contains(status), "{status} in {text}");
+    }
+
+    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
+    let api = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
+    let gw_a = Daemon::start(&lab, Node::GwA, &dir, &(c.gw_a + &api));
+    let gw_b = Daemon::start(&lab, Node::GwB, &dir, &(c.gw_b + &api));
+    gw_a.wait_for("API listening", Duration::from_secs(10));
+    gw_b.wait_for("API listening", Duration::from_secs(10));
+    wait_for_tunnel(&gw_a, &gw_b, 1);
+    let through = run();
+    assert_eq!(
+        through, without,
+        "the same reads and errors through the gateways"
+    );
+    for gw in [&gw_a, &gw_b] {
+        gw.wait_for_count("session closed", 1, Duration::from_secs(10));
+    }
+    let smb = |node| {
+        let (status, body) =
+            wsx_e2e::api_request(&lab, node, (API, TOKEN), ("GET", "/api/v1/status"), None);
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()["smb"].clone()
+    };
+    let (near, far) = (smb(Node::GwA), smb(Node::GwB));
+    eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
+    // The session was the engine's: far opened files ahead and near answered from it.
+    assert_eq!(near["engine_sessions"], 1, "{near}");
+    assert!(far["prefetched"].as_u64().unwrap() > 0, "{far}");
+    assert!(near["answered_locally"].as_u64().unwrap() > 0, "{near}");
+}
