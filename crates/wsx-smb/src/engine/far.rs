@@ -58,7 +58,7 @@ const READ_CACHING_OPLOCKS: [u8; 3] = [0x01, 0x08, 0x09];
 pub const MAX_PREDICTIONS: usize = 1024;
 /// Open files far keeps track of at most per session (past it, a file opened is not read
 /// ahead).
-pub const MAX_FILES: usize = 4096;
+pub const MAX_FILES: usize = 1024;
 
 /// What a request sent to the server was.
 #[derive(Debug)]

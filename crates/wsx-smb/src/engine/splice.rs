@@ -51,6 +51,10 @@ enum Half {
     Far(Box<Far>),
 }
 
+/// The room an emptied [`Outbox`] keeps: small messages' worth; a larger burst's is
+/// allocated for it and given back once written.
+const KEEP_ROOM: usize = 16 << 10;
+
 /// Bytes waiting to be written to one side.
 #[derive(Debug, Default)]
 struct Outbox {
@@ -67,8 +71,9 @@ impl Outbox {
     fn written(&mut self, n: usize) {
         self.at = (self.at + n).min(self.bytes.len());
         if self.at == self.bytes.len() {
-            // Emptied: a burst's room goes back unless it is small.
-            if self.bytes.capacity() > 256 << 10 {
+            // Emptied: a burst's room goes back unless it is small, so that an idle
+            // session keeps little (10,000 of them at most 2 × KEEP_ROOM each).
+            if self.bytes.capacity() > KEEP_ROOM {
                 self.bytes = Vec::new();
             }
             self.bytes.clear();

@@ -1778,3 +1778,26 @@ fn far_reads_ahead_within_the_window_it_is_given() {
     far.set_window(512 << 10);
     assert_eq!(far.ahead_bytes(), 512 << 10, "a larger one is used at once");
 }
+
+/// A session that has passed a large answer on keeps little once it is written: an idle
+/// session's splice holds a few KiB, whatever it carried before.
+#[test]
+fn a_written_burst_s_room_is_given_back() {
+    let mut near = Splice::near();
+    let idle = near.held();
+    let answer = message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..header(Command::ECHO, 1, 1, 1)
+        },
+        &vec![7; 1 << 20],
+    );
+    near.from_peer(&framed(&answer)).unwrap();
+    assert!(near.held() > 1 << 20);
+    near.end_written(near.to_end().len());
+    assert!(
+        near.held() <= idle + (16 << 10),
+        "{} bytes held",
+        near.held()
+    );
+}
