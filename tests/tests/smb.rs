@@ -45,6 +45,37 @@ fn smbclient(lab: &wsx_lab::Lab, config: &Path, ip: std::net::IpAddr, share: &st
     );
 }
 
+/// The Python with smbprotocol that `cargo xtask test` installs (`WSX_SMB_PYTHON`).
+fn smb_python() -> std::path::PathBuf {
+    std::env::var_os("WSX_SMB_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "set WSX_SMB_PYTHON to a Python with smbprotocol (cargo xtask test installs one)"
+            )
+        })
+}
+
+/// Both gateways, each with its API, their tunnel up.
+fn gateways_with_api(lab: &wsx_lab::Lab, dir: &Path) -> (Daemon, Daemon) {
+    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
+    let api = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
+    let gw_a = Daemon::start(lab, Node::GwA, dir, &(c.gw_a + &api));
+    let gw_b = Daemon::start(lab, Node::GwB, dir, &(c.gw_b + &api));
+    gw_a.wait_for("API listening", Duration::from_secs(10));
+    gw_b.wait_for("API listening", Duration::from_secs(10));
+    wait_for_tunnel(&gw_a, &gw_b, 1);
+    (gw_a, gw_b)
+}
+
+/// `status.smb` from `node`'s API.
+fn smb_status(lab: &wsx_lab::Lab, node: Node) -> Value {
+    let (status, body) =
+        wsx_e2e::api_request(lab, node, (API, TOKEN), ("GET", "/api/v1/status"), None);
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<Value>(&body).unwrap()["smb"].clone()
+}
+
 #[test]
 fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
     let lab = wsx_e2e::gateway_lab();
@@ -189,23 +220,11 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
 /// files in a third session are opened ahead, their CLOSEs answered by near.
 #[test]
 fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
-    let python = std::env::var_os("WSX_SMB_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            panic!(
-                "set WSX_SMB_PYTHON to a Python with smbprotocol (cargo xtask test installs one)"
-            )
-        });
+    let python = smb_python();
     // 40 ms, 0.5 % loss, 100 Mbit/s.
     let lab = wsx_e2e::gateway_lab();
     let dir = wsx_e2e::config_dir(&lab);
-    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
-    let api = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
-    let gw_a = Daemon::start(&lab, Node::GwA, &dir, &(c.gw_a + &api));
-    let gw_b = Daemon::start(&lab, Node::GwB, &dir, &(c.gw_b + &api));
-    gw_a.wait_for("API listening", Duration::from_secs(10));
-    gw_b.wait_for("API listening", Duration::from_secs(10));
-    wait_for_tunnel(&gw_a, &gw_b, 1);
+    let (gw_a, gw_b) = gateways_with_api(&lab, &dir);
     let servers = [addr::server(false), addr::server(true)];
     let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
     let script = dir.join("smb_read.py");
@@ -253,13 +272,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     for gw in [&gw_a, &gw_b] {
         gw.wait_for_count("session closed", 2, Duration::from_secs(10));
     }
-    let smb = |node| {
-        let (status, body) =
-            wsx_e2e::api_request(&lab, node, (API, TOKEN), ("GET", "/api/v1/status"), None);
-        assert_eq!(status, 200, "{body}");
-        serde_json::from_str::<Value>(&body).unwrap()["smb"].clone()
-    };
-    let (near, far) = (smb(Node::GwA), smb(Node::GwB));
+    let (near, far) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
     eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
     assert_eq!(near["engine_sessions"], 2, "{near}");
     assert_eq!(far["engine_sessions"], 2, "{far}");
@@ -297,7 +310,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     for gw in [&gw_a, &gw_b] {
         gw.wait_for_count("session closed", 3, Duration::from_secs(10));
     }
-    let (near_after, far_after) = (smb(Node::GwA), smb(Node::GwB));
+    let (near_after, far_after) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
     eprintln!("near (gw-a): {near_after}\nfar (gw-b): {far_after}");
     let delta = |after: &Value, before: &Value, key: &str| {
         after[key].as_u64().unwrap() - before[key].as_u64().unwrap()
@@ -323,13 +336,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
 /// by its SHA-256 and each error by its NTSTATUS.
 #[test]
 fn a_client_gets_the_same_errors_through_the_gateways_as_without() {
-    let python = std::env::var_os("WSX_SMB_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            panic!(
-                "set WSX_SMB_PYTHON to a Python with smbprotocol (cargo xtask test installs one)"
-            )
-        });
+    let python = smb_python();
     let lab = wsx_e2e::gateway_lab();
     let dir = wsx_e2e::config_dir(&lab);
     let servers = [addr::server(false), addr::server(true)];
@@ -368,13 +375,7 @@ fn a_client_gets_the_same_errors_through_the_gateways_as_without() {
         assert!(text.contains(status), "{status} in {text}");
     }
 
-    let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
-    let api = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
-    let gw_a = Daemon::start(&lab, Node::GwA, &dir, &(c.gw_a + &api));
-    let gw_b = Daemon::start(&lab, Node::GwB, &dir, &(c.gw_b + &api));
-    gw_a.wait_for("API listening", Duration::from_secs(10));
-    gw_b.wait_for("API listening", Duration::from_secs(10));
-    wait_for_tunnel(&gw_a, &gw_b, 1);
+    let (gw_a, gw_b) = gateways_with_api(&lab, &dir);
     let through = run();
     assert_eq!(
         through, without,
@@ -383,13 +384,7 @@ fn a_client_gets_the_same_errors_through_the_gateways_as_without() {
     for gw in [&gw_a, &gw_b] {
         gw.wait_for_count("session closed", 1, Duration::from_secs(10));
     }
-    let smb = |node| {
-        let (status, body) =
-            wsx_e2e::api_request(&lab, node, (API, TOKEN), ("GET", "/api/v1/status"), None);
-        assert_eq!(status, 200, "{body}");
-        serde_json::from_str::<Value>(&body).unwrap()["smb"].clone()
-    };
-    let (near, far) = (smb(Node::GwA), smb(Node::GwB));
+    let (near, far) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
     eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
     // The session was the engine's: far opened files ahead and near answered from it.
     assert_eq!(near["engine_sessions"], 1, "{near}");

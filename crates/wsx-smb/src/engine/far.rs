@@ -110,6 +110,20 @@ struct Opened {
     directory: bool,
 }
 
+impl Opened {
+    /// A script's request `header` as it is for this file: its session and tree.
+    fn on_tree(&self, header: Header) -> Header {
+        Header {
+            session_id: self.session_id,
+            tree_or_async: TreeOrAsync::Tree {
+                reserved: 0,
+                tree_id: self.tree_id,
+            },
+            ..header
+        }
+    }
+}
+
 /// A file the client opened.
 #[derive(Debug)]
 struct File {
@@ -661,12 +675,7 @@ impl Far {
             }
             let request = Header {
                 message_id: id,
-                session_id: opened.session_id,
-                tree_or_async: TreeOrAsync::Tree {
-                    reserved: 0,
-                    tree_id: opened.tree_id,
-                },
-                ..header
+                ..opened.on_tree(header)
             };
             let query = QueryInfoRequest {
                 file_id: opened.file_id,
@@ -687,14 +696,7 @@ impl Far {
         let Some(file) = self.files.get_mut(&opened.file_id) else {
             return;
         };
-        let header = Header {
-            session_id: opened.session_id,
-            tree_or_async: TreeOrAsync::Tree {
-                reserved: 0,
-                tree_id: opened.tree_id,
-            },
-            ..header
-        };
+        let header = opened.on_tree(header);
         let read = ReadRequest {
             file_id: opened.file_id,
             ..read
