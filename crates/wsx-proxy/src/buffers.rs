@@ -29,6 +29,8 @@ thread_local! {
 pub(crate) struct RelayBuffers {
     budget: usize,
     lent: AtomicUsize,
+    /// Of `lent`, the bytes taken for read-ahead ([`Self::take_bytes`]).
+    read_ahead: AtomicUsize,
     /// Requests refused because the budget was spent.
     refused: AtomicU64,
 }
@@ -39,6 +41,7 @@ impl RelayBuffers {
         Arc::new(Self {
             budget,
             lent: AtomicUsize::new(0),
+            read_ahead: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
         })
     }
@@ -63,16 +66,24 @@ impl RelayBuffers {
         })
     }
 
-    /// Up to `want` bytes of the budget for a use that is not a buffer (the SMB engine's
-    /// read-ahead), as many as are left; give them back with [`Self::give_bytes`].
+    /// Up to `want` bytes of the budget for the SMB engine's read-ahead, as many as are
+    /// left, and never more than half the budget for read-ahead in all: the buffers keep
+    /// the other half. Give them back with [`Self::give_bytes`].
     pub(crate) fn take_bytes(&self, want: usize) -> usize {
-        let mut granted = 0;
-        let _ = self
-            .lent
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |lent| {
-                granted = want.min(self.budget.saturating_sub(lent));
-                (granted > 0).then_some(lent + granted)
+        let take = |counter: &AtomicUsize, limit: usize, want: usize| {
+            let mut granted = 0;
+            let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                granted = want.min(limit.saturating_sub(used));
+                (granted > 0).then_some(used + granted)
             });
+            granted
+        };
+        let share = take(&self.read_ahead, self.budget / 2, want);
+        let granted = take(&self.lent, self.budget, share);
+        if granted < share {
+            self.read_ahead
+                .fetch_sub(share - granted, Ordering::Relaxed);
+        }
         if granted < want {
             self.refused.fetch_add(1, Ordering::Relaxed);
         }
@@ -81,6 +92,7 @@ impl RelayBuffers {
 
     /// Gives back `bytes` taken with [`Self::take_bytes`].
     pub(crate) fn give_bytes(&self, bytes: usize) {
+        self.read_ahead.fetch_sub(bytes, Ordering::Relaxed);
         self.lent.fetch_sub(bytes, Ordering::Relaxed);
     }
 
@@ -169,7 +181,12 @@ mod tests {
         pool.give_bytes(40);
         drop(a);
         assert_eq!(pool.lent(), 0);
-        assert_eq!(pool.take_bytes(100), 100);
+        // Read-ahead takes half the budget at most: the buffers keep the rest.
+        assert_eq!(pool.take_bytes(100), 50);
+        assert_eq!(pool.take_bytes(1), 0);
+        assert!(pool.take(50).is_some());
+        pool.give_bytes(50);
+        assert_eq!(pool.lent(), 0);
     }
 
     #[test]

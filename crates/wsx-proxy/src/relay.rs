@@ -273,30 +273,36 @@ where
             if at_peer.shut {
                 splice.peer_written(splice.to_peer().len());
             }
-            progress |= engine.lease();
-            let splice = &mut engine.splice;
-            if !at_end.read_done && splice.to_peer().len() + splice.held_for_peer() < SPLICE_LIMIT {
+            // Far's window is leased just before what it reads is handed to it (after the
+            // read took its buffer from the same budget), and settled in `count`.
+            if !at_end.read_done
+                && engine.splice.to_peer().len() + engine.splice.held_for_peer() < SPLICE_LIMIT
+            {
                 if let Poll::Ready(data) = at_end.poll_read(cx, &mut *end, buffers)? {
                     progress = true;
                     if data.is_empty() {
                         at_end.read_done = true;
-                        splice.end_finished();
+                        engine.splice.end_finished();
                     } else {
                         if let Some(watch) = watch.as_mut() {
                             watch.read(from_client, data);
                         }
-                        splice.from_end(data).map_err(invalid)?;
+                        engine.lease();
+                        engine.splice.from_end(data).map_err(invalid)?;
                     }
                 }
             }
-            if !at_peer.read_done && splice.to_end().len() + splice.held_for_end() < SPLICE_LIMIT {
+            if !at_peer.read_done
+                && engine.splice.to_end().len() + engine.splice.held_for_end() < SPLICE_LIMIT
+            {
                 if let Poll::Ready(data) = at_peer.poll_read(cx, &mut *peer, buffers)? {
                     progress = true;
                     if data.is_empty() {
                         at_peer.read_done = true;
-                        splice.peer_finished().map_err(invalid)?;
+                        engine.splice.peer_finished().map_err(invalid)?;
                     } else {
-                        splice.from_peer(data).map_err(invalid)?;
+                        engine.lease();
+                        engine.splice.from_peer(data).map_err(invalid)?;
                     }
                 }
             }

@@ -118,9 +118,10 @@ impl SmbTotals {
 ///
 /// Far's read-ahead is bounded gateway-wide: the bytes it has predicted and not seen
 /// consumed (which wait at near, or on their way) are taken from the relay buffers'
-/// budget ([`RelayBuffers::take_bytes`]) while it has them. Before each step the session
-/// asks for up to its window ([`Engine::lease`]); after it, it keeps what is outstanding
-/// and gives the rest back ([`Engine::count`]). With the budget spent, a session reads
+/// budget ([`RelayBuffers::take_bytes`], at most half of it for read-ahead) while it has
+/// them. Before far is handed bytes the session asks for up to its window
+/// ([`Engine::lease`]); after the step, it keeps what is outstanding and gives the rest
+/// back ([`Engine::count`]). With the budget spent, a session reads
 /// ahead less or not at all, and its traffic flows as without read-ahead (fail open).
 #[derive(Debug)]
 pub(crate) struct Engine {
@@ -165,25 +166,22 @@ impl Engine {
         }
     }
 
-    /// Far, before a step, if it may act ahead of the client: leases up to its window from
-    /// the budget and lets far use it. Whether far had something for either side from it
-    /// (READs the larger window let it issue).
-    pub(crate) fn lease(&mut self) -> bool {
+    /// Far, before it is handed bytes, if it may act ahead of the client: leases up to its
+    /// window from the budget and lets far use it (what the larger window lets it issue
+    /// goes out with what the bytes bring).
+    pub(crate) fn lease(&mut self) {
         let Some(budget) = &self.budget else {
-            return false;
+            return;
         };
         if self.leased >= self.window || !self.splice.may_act() {
-            return false;
+            return;
         }
         let want = usize::try_from(self.window - self.leased).unwrap_or(usize::MAX);
         let granted = budget.take_bytes(want) as u64;
-        if granted == 0 {
-            return false;
+        if granted > 0 {
+            self.leased += granted;
+            self.splice.set_window(self.leased);
         }
-        self.leased += granted;
-        let before = self.splice.to_end().len() + self.splice.to_peer().len();
-        self.splice.set_window(self.leased);
-        self.splice.to_end().len() + self.splice.to_peer().len() > before
     }
 
     /// Far, after a step: keeps of its lease what it has read ahead and not seen

@@ -127,6 +127,9 @@ impl Opened {
 /// A file the client opened.
 #[derive(Debug)]
 struct File {
+    /// Where it was opened: its handle goes with the session or the tree.
+    session_id: u64,
+    tree_id: u32,
     end_of_file: u64,
     /// Read ahead may serve it (share mode or oplock).
     eligible: bool,
@@ -387,17 +390,29 @@ impl Far {
             top = top.max(end);
         }
         feed(&mut self.observer, Direction::ToServer, &frame);
+        let single = chain.len() == 1;
         for (header, at, len) in chain {
             if header.is_response() {
                 continue;
             }
             if header.command == Command::CANCEL {
                 // A CANCEL consumes no id: it names its request's, which the server knows
-                // by the id far gave it.
-                if let Some((&server_id, _)) = self.pending.iter().find(|(_, p)| {
-                    matches!(p, Pending::Client { client_id, .. } if *client_id == header.message_id)
+                // by the id far gave it (a claimed prediction's, for a crossed request).
+                let id = header.message_id;
+                match self.pending.iter().find(|(_, p)| match p {
+                    Pending::Client { client_id, .. } => *client_id == id,
+                    Pending::Prediction {
+                        client_id, claimed, ..
+                    } => *client_id == id && claimed.is_some(),
                 }) {
-                    frame[at + 24..at + 32].copy_from_slice(&server_id.to_le_bytes());
+                    Some((&server_id, _)) => {
+                        frame[at + 24..at + 32].copy_from_slice(&server_id.to_le_bytes());
+                    }
+                    // Answered already: with fresh ids, the client's id may be another
+                    // request's at the server, which must not be cancelled. A CANCEL is
+                    // advisory; one for nothing is dropped.
+                    None if self.fresh && single => return Ok(()),
+                    None => {}
                 }
                 continue;
             }
@@ -515,6 +530,14 @@ impl Far {
                     self.script = Some(script);
                 }
             }
+            // Handles the session or the tree had are closed with it.
+            Command::LOGOFF => self.files.retain(|_, f| f.session_id != header.session_id),
+            Command::TREE_DISCONNECT => {
+                if let TreeOrAsync::Tree { tree_id, .. } = header.tree_or_async {
+                    self.files
+                        .retain(|_, f| f.session_id != header.session_id || f.tree_id != tree_id);
+                }
+            }
             Command::WRITE
             | Command::SET_INFO
             | Command::FLUSH
@@ -613,6 +636,8 @@ impl Far {
         self.files.insert(
             file_id,
             File {
+                session_id: header.session_id,
+                tree_id,
                 end_of_file: le64(eof, 0),
                 eligible,
                 stopped: false,
@@ -715,6 +740,7 @@ impl Far {
         let server_id = if self.fresh { self.top } else { id };
         if server_id.saturating_add(charge) > self.window_end
             || server_id < self.top
+            || id < self.client_next
             || self.collides(id, charge)
             || self.predictions.len() >= MAX_PREDICTIONS
         {
@@ -771,7 +797,7 @@ impl Far {
             // Missed: its id went to another request. Nothing to give.
             (None, None) => return,
         };
-        if message.len() > MAX_FRAME_LEN - 8 {
+        if message.len() > MAX_FRAME_LEN - 8 && claimed.is_none() {
             // Longer than a record can carry (a server answering more than was asked):
             // withdrawn, so that near sends the client's request, if it holds one, on,
             // with a fresh id (the prediction spent the client's).

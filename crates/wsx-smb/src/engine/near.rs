@@ -41,6 +41,11 @@ const DELETE: u32 = 0x0001_0000;
 /// `CreateOptions` bit: the file goes at its last CLOSE.
 const FILE_DELETE_ON_CLOSE: u32 = 0x0000_1000;
 
+/// The session of the (first) message in `frame`.
+fn key_session(frame: &[u8]) -> u64 {
+    Messages::new(frame).next().map_or(0, |(h, _)| h.session_id)
+}
+
 /// The tree a message names (0 for an async one, which names none).
 fn tree_of(header: &Header) -> u32 {
     match header.tree_or_async {
@@ -96,8 +101,9 @@ pub struct Near {
     client_next: u64,
     /// Files the client opened (their CREATE answered) and has not closed, by session.
     opens: HashMap<(u64, FileId), Open>,
-    /// CREATEs sent on, by id: whether the open may delete the file at its CLOSE.
-    creating: HashMap<u64, bool>,
+    /// CREATEs sent on, by id: their tree (an async answer names none), and whether the
+    /// open may delete the file at its CLOSE.
+    creating: HashMap<u64, (u32, bool)>,
     /// Client requests on an open file, passed on and not answered yet, by id.
     on_file: HashMap<u64, (u64, FileId)>,
     /// Requests whose answer from the server the client must not get (near answered them:
@@ -189,7 +195,8 @@ impl Near {
                     let le32 =
                         |at: usize| body.get(at..at + 4).map_or(0, |b| crate::wire::le32(b, 0));
                     let deletes = le32(24) & DELETE != 0 || le32(40) & FILE_DELETE_ON_CLOSE != 0;
-                    self.creating.insert(header.message_id, deletes);
+                    self.creating
+                        .insert(header.message_id, (tree_of(&header), deletes));
                 }
                 // Handles the session or the tree had are closed with it.
                 Command::LOGOFF => self.opens.retain(|(s, _), _| *s != header.session_id),
@@ -325,13 +332,13 @@ impl Near {
                             // FileId (16 at 64 of the body). A compound that closes what
                             // it creates leaves nothing open.
                             if let Some(id) = message.get(HEADER_LEN + 64..HEADER_LEN + 80)
-                                && let Some(deletes) = deletes
+                                && let Some((tree_id, deletes)) = deletes
                                 && self.opens.len() < MAX_OPENS
                             {
                                 self.opens.insert(
                                     (h.session_id, FileId::parse(id)),
                                     Open {
-                                        tree_id: tree_of(&h),
+                                        tree_id,
                                         deletes,
                                         ..Open::default()
                                     },
@@ -397,9 +404,15 @@ impl Near {
                     ..
                 }) = self.announced.remove(&message_id)
                 {
-                    // The client waits here: its request goes to the server after all.
+                    // The client waits here: its request goes to the server after all, and
+                    // is outstanding on its file until answered.
                     if let Some((id, key)) = single_request(&frame) {
                         self.passed.insert(id, key);
+                        let open = (key_session(&frame), key.file_id());
+                        if let Some(o) = self.opens.get_mut(&open) {
+                            o.busy += 1;
+                            self.on_file.insert(id, open);
+                        }
                     }
                     self.to_far.push_back(Record::Smb(frame));
                 }

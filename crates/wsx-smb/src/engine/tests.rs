@@ -1489,6 +1489,12 @@ fn a_withdrawn_read_sent_on_late_gets_a_fresh_id() {
         pass(&mut far, &mut server);
     }
     assert!(server.violations.is_empty(), "{:?}", server.violations);
+    // A CANCEL for a request already answered names, at the server, another request's
+    // id now: it is not sent.
+    far.end_written(far.to_end().len());
+    let cancel = message(&header(Command::CANCEL, k + 3, 0, 0), &[4, 0, 0, 0]);
+    far.from_peer(&framed(&cancel)).unwrap();
+    assert!(far.to_end().is_empty(), "{:?}", far.to_end());
     // And its answer reaches near with the client's id.
     let mut answers = Vec::new();
     Frames::new()
@@ -1736,6 +1742,26 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
     assert_eq!(credits_of(near.poll_to_client().unwrap()), 3);
     near.from_far(response(Command::ECHO, 18, 3, &[4, 0, 0, 0]));
     assert_eq!(credits_of(near.poll_to_client().unwrap()), 2);
+    // A READ held for its prediction, then withdrawn and sent on: outstanding on its
+    // file until answered, so the CLOSE after it goes on.
+    open(&mut near, 12, 40, 0, 0);
+    let read = ReadRequest {
+        file_id: file(12),
+        ..read_at(0, 10)
+    };
+    let h = header(Command::READ, 41, 1, 1);
+    near.from_far(Record::Announce {
+        message_id: 41,
+        key: super::Key::Read(super::ReadKey::of(&h, &read)),
+    });
+    near.from_client(read_message(&h, &read));
+    near.from_far(Record::Withdrawn { message_id: 41 });
+    assert!(
+        matches!(near.poll_to_far(), Some(Record::Smb(_))),
+        "sent on"
+    );
+    near.from_client(close(12, 42, 0));
+    assert!(goes_on(&mut near));
 }
 
 /// Far's window bounds the bytes its predictions may bring that near has not handed out,
