@@ -286,7 +286,8 @@ impl Default for SessionConfig {
 ///   sending is also held to its congestion window (the path's pace), so it is usually far
 ///   below the bound.
 /// - **Relay buffers**, a quarter: large buffers lent to sessions while data flows, and the
-///   bytes the SMB engine reads ahead for them (leased while near holds them).
+///   bytes the SMB engine reads ahead for them (leased while near holds them; at most half
+///   of the quarter).
 /// - **Sessions**, a quarter: [`MemoryBudget::PER_SESSION`] each, from accept to end (the
 ///   task, its small buffers, the tunnel stream's state, the socket's bookkeeping). This is
 ///   what limits how many sessions the budget carries.
