@@ -1665,18 +1665,22 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
     near.poll_to_far().unwrap();
     near.from_client(close(10, 36, 0));
     assert!(goes_on(&mut near));
+    // Far announces a READ of file `n` with id `id` and the client sends it: near holds it.
+    let held_read = |near: &mut Near, n: u64, id: u64| {
+        let read = ReadRequest {
+            file_id: file(n),
+            ..read_at(0, 10)
+        };
+        let h = header(Command::READ, id, 1, 1);
+        near.from_far(Record::Announce {
+            message_id: id,
+            key: super::Key::Read(super::ReadKey::of(&h, &read)),
+        });
+        near.from_client(read_message(&h, &read));
+    };
     // A READ of the file waits here for its prediction's answer: the CLOSE goes on.
     open(&mut near, 11, 37, 0, 0);
-    let read = ReadRequest {
-        file_id: file(11),
-        ..read_at(0, 10)
-    };
-    let h = header(Command::READ, 38, 1, 1);
-    near.from_far(Record::Announce {
-        message_id: 38,
-        key: super::Key::Read(super::ReadKey::of(&h, &read)),
-    });
-    near.from_client(read_message(&h, &read));
+    held_read(&mut near, 11, 38);
     assert!(
         near.poll_to_far().is_none(),
         "the READ waits for its answer"
@@ -1745,16 +1749,7 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
     // A READ held for its prediction, then withdrawn and sent on: outstanding on its
     // file until answered, so the CLOSE after it goes on.
     open(&mut near, 12, 40, 0, 0);
-    let read = ReadRequest {
-        file_id: file(12),
-        ..read_at(0, 10)
-    };
-    let h = header(Command::READ, 41, 1, 1);
-    near.from_far(Record::Announce {
-        message_id: 41,
-        key: super::Key::Read(super::ReadKey::of(&h, &read)),
-    });
-    near.from_client(read_message(&h, &read));
+    held_read(&mut near, 12, 41);
     near.from_far(Record::Withdrawn { message_id: 41 });
     assert!(
         matches!(near.poll_to_far(), Some(Record::Smb(_))),
