@@ -56,6 +56,23 @@ fn smb_python() -> std::path::PathBuf {
         })
 }
 
+/// Runs the Python client `script` with `args` in the client's namespace; the JSON it
+/// prints. Panics with its errors unless it succeeds.
+fn python_report(lab: &wsx_lab::Lab, python: &Path, script: &Path, args: &[&str]) -> Value {
+    let out = lab
+        .command(Node::Client, python)
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the SMB client: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Both gateways, each with its API, their tunnel up.
 fn gateways_with_api(lab: &wsx_lab::Lab, dir: &Path) -> (Daemon, Daemon) {
     let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
@@ -231,26 +248,17 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     std::fs::write(&script, include_str!("../../xtask/src/smb_read.py")).unwrap();
     // Reads `names` in one session over `ip`; the SHA-256 of all their bytes in order.
     let read = |ip: std::net::IpAddr, names: &[&str]| -> (String, usize) {
-        let out = lab
-            .command(Node::Client, &python)
-            .arg(&script)
-            .args([
-                &ip.to_string(),
-                "pub",
-                "65536",
-                "0x0210",
-                "root",
-                Samba::PASSWORD,
-            ])
-            .args(names)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the SMB client: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ip = ip.to_string();
+        let mut args = vec![
+            ip.as_str(),
+            "pub",
+            "65536",
+            "0x0210",
+            "root",
+            Samba::PASSWORD,
+        ];
+        args.extend_from_slice(names);
+        let report = python_report(&lab, &python, &script, &args);
         assert_eq!(report["signing"], false, "{report}");
         (
             report["sha256"].as_str().unwrap().to_owned(),
@@ -353,19 +361,14 @@ fn a_client_gets_the_same_errors_through_the_gateways_as_without() {
     std::fs::create_dir_all(share.join("dir")).unwrap();
     let script = dir.join("smb_errors.py");
     std::fs::write(&script, include_str!("smb_errors.py")).unwrap();
-    let run = || -> Value {
-        let out = lab
-            .command(Node::Client, &python)
-            .arg(&script)
-            .args([&servers[0].to_string(), "pub", "root", Samba::PASSWORD])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the SMB client: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+    let server = servers[0].to_string();
+    let run = || {
+        python_report(
+            &lab,
+            &python,
+            &script,
+            &[&server, "pub", "root", Samba::PASSWORD],
+        )
     };
     let without = run();
     eprintln!("without the gateways: {without}");
