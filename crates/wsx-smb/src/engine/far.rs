@@ -137,10 +137,9 @@ struct File {
     stopped: bool,
     /// The READ predictions copy, once the client has read: header and body.
     template: Option<(Header, ReadRequest)>,
-    /// The next prediction's offset and id; what the client has read up to.
+    /// The next prediction's offset and id.
     next_offset: u64,
     next_id: u64,
-    consumed_to: u64,
     /// The client's requests on it so far, while far learns a [`Script`] from it.
     learning: Option<Script>,
     /// The client has read it as far predicts: beyond a script's first READ, far reads
@@ -485,9 +484,6 @@ impl Far {
             && let Some(file) = self.files.get_mut(&read.file_id)
         {
             file.confirmed = true;
-            file.consumed_to = file
-                .consumed_to
-                .max(read.offset.saturating_add(u64::from(read.length)));
         }
     }
 
@@ -591,7 +587,6 @@ impl Far {
                 file.template = Some((*header, *read));
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
-                file.consumed_to = next;
                 file.confirmed = true;
                 self.active = Some(read.file_id);
             }
@@ -605,7 +600,6 @@ impl Far {
                 // it): the prediction goes on from there.
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
-                file.consumed_to = next;
                 file.confirmed = true;
             }
             Some(_) => file.stopped = true,
@@ -644,7 +638,6 @@ impl Far {
                 template: None,
                 next_offset: 0,
                 next_id: 0,
-                consumed_to: 0,
                 learning: Some(Script::default()),
                 confirmed: false,
             },
@@ -884,7 +877,7 @@ impl Far {
             let credit_charge = if header.credit_charge == 0 {
                 0
             } else {
-                u16::try_from(length.div_ceil(65536).max(1)).unwrap_or(u16::MAX)
+                u16::try_from(length.div_ceil(BYTES_PER_CREDIT).max(1)).unwrap_or(u16::MAX)
             };
             let request = Header {
                 message_id: file.next_id,
