@@ -148,6 +148,64 @@ struct File {
     confirmed: bool,
 }
 
+/// Far's outstanding predictions by the client id each is for, with the bytes their
+/// answers may bring kept as they change (the gateway asks for it on every step).
+#[derive(Debug, Default)]
+struct Outstanding {
+    by_id: BTreeMap<u64, Key>,
+    bytes: u64,
+}
+
+impl Outstanding {
+    fn insert(&mut self, id: u64, key: Key) {
+        if let Some(old) = self.by_id.insert(id, key) {
+            self.bytes -= u64::from(old.answer_bound());
+        }
+        self.bytes += u64::from(key.answer_bound());
+    }
+
+    fn remove(&mut self, id: &u64) -> Option<Key> {
+        let key = self.by_id.remove(id)?;
+        self.bytes -= u64::from(key.answer_bound());
+        Some(key)
+    }
+
+    /// All of them, leaving none.
+    fn take(&mut self) -> BTreeMap<u64, Key> {
+        self.bytes = 0;
+        std::mem::take(&mut self.by_id)
+    }
+
+    fn get(&self, id: &u64) -> Option<&Key> {
+        self.by_id.get(id)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether a prediction has one of the ids in `ids`.
+    fn any_in(&self, ids: std::ops::Range<u64>) -> bool {
+        self.by_id.range(ids).next().is_some()
+    }
+
+    /// The most bytes their answers may bring.
+    fn bytes(&self) -> u64 {
+        debug_assert_eq!(
+            self.bytes,
+            self.by_id
+                .values()
+                .map(|k| u64::from(k.answer_bound()))
+                .sum::<u64>()
+        );
+        self.bytes
+    }
+}
+
 /// The server's half of the engine; see the module documentation.
 #[derive(Debug)]
 pub struct Far {
@@ -157,7 +215,7 @@ pub struct Far {
     /// By server id.
     pending: HashMap<u64, Pending>,
     /// Outstanding predictions, by the client id each is for.
-    predictions: BTreeMap<u64, Key>,
+    predictions: Outstanding,
     /// Every request (the client's, a prediction) gets the next server id, `top`: set at
     /// the first miss. Until then, server id = client id.
     fresh: bool,
@@ -193,7 +251,7 @@ impl Far {
             window,
             window_end: 1,
             pending: HashMap::new(),
-            predictions: BTreeMap::new(),
+            predictions: Outstanding::default(),
             fresh: false,
             top: 0,
             client_next: 0,
@@ -906,10 +964,7 @@ impl Far {
 
     /// Whether the client ids `id..id + charge` include one a prediction has.
     fn collides(&self, id: u64, charge: u64) -> bool {
-        self.predictions
-            .range(id..id.saturating_add(charge))
-            .next()
-            .is_some()
+        self.predictions.any_in(id..id.saturating_add(charge))
     }
 
     /// The client used ids a prediction had (its request's id is `at`): every outstanding
@@ -918,7 +973,7 @@ impl Far {
     /// far learns again from the next file it opens).
     fn missed(&mut self) {
         self.fresh = true;
-        for (id, key) in std::mem::take(&mut self.predictions) {
+        for (id, key) in self.predictions.take() {
             // Near may hold a client request for it: it goes to the server after all.
             self.to_near.push_back(Record::Withdrawn { message_id: id });
             self.stats.missed += 1;
@@ -980,10 +1035,7 @@ impl Far {
     /// Bytes the answers to far's predictions not seen consumed may carry (on their way to
     /// near, or held there): at most the window when it was last issued one.
     pub fn ahead_bytes(&self) -> u64 {
-        self.predictions
-            .values()
-            .map(|k| u64::from(k.answer_bound()))
-            .sum()
+        self.predictions.bytes()
     }
 
     /// Bytes far holds: client frames waiting for the server's credits.
