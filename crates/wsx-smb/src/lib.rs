@@ -28,6 +28,8 @@
 
 pub mod engine;
 pub mod observe;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 pub mod wire;
 
 pub use observe::{Direction, KEEP, Observer, ReadStats, Reason, Verdict};
