@@ -304,6 +304,9 @@ impl Watch {
 }
 
 #[cfg(test)]
+mod scale_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
