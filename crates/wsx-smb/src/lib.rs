@@ -12,19 +12,23 @@
 //! - [`wire`]: everything on the wire, in smoltcp's style (a parsed representation with
 //!   `parse`/`emit`, never a panic on input): [`wire::framing`] (Direct TCP),
 //!   [`wire::header`] (the 64-byte header, its flags and commands, compound chains),
-//!   [`wire::messages`] (NEGOTIATE, SESSION_SETUP and TREE_CONNECT responses, READ requests
-//!   and responses).
+//!   [`wire::messages`] (NEGOTIATE, SESSION_SETUP and TREE_CONNECT responses, READ,
+//!   QUERY_INFO and CLOSE requests, READ responses).
 //! - [`engine`]: the read-ahead engine's two halves, [`engine::Far`] (the server's
-//!   gateway: predicts the client's next READs with the client's own MessageIds and ships
-//!   their answers ahead) and [`engine::Near`] (the client's: answers a READ that matches a
-//!   prediction), the records between them ([`engine::link`]), and [`engine::Splice`],
-//!   which runs a half between a session's two byte streams.
+//!   gateway: with a CREATE's answer, issues the QUERY_INFOs and first READ the client
+//!   sent after its last CREATE; predicts the next READs of a file read in sequence; all
+//!   with the client's own MessageIds, the answers shipped ahead) and [`engine::Near`] (the
+//!   client's: answers a request that matches a prediction, and a CLOSE where that is
+//!   safe), the records between them ([`engine::link`]), and [`engine::Splice`], which runs
+//!   a half between a session's two byte streams.
+//! - `sim` (tests, or the `sim` feature): a simulated client and a strict server, for
+//!   engine tests here and in the gateway.
 //! - [`observe`]: [`Observer`], one per connection, fed the bytes the relay copies: its
 //!   verdict, and its READs ([`ReadStats`]: how many waited a whole round trip alone).
 //!
 //! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds the observer and,
 //! when both gateways run the engine, relays each SMB session through a [`engine::Splice`]
-//! on each side. CREATE-triggered metadata is the next step.
+//! on each side.
 
 pub mod engine;
 pub mod observe;
