@@ -262,8 +262,10 @@ pub enum Op {
     },
     Echo,
     /// 64 new bytes at `offset`.
+    /// `len` new bytes at `offset` (large ones stream through the gateways).
     Write {
         offset: u64,
+        len: u32,
     },
 }
 
@@ -555,10 +557,12 @@ impl Client {
                         Some(self.read_request())
                     }
                     Some(Op::Echo) => Some(self.request(Command::ECHO, 1, &[4, 0, 0, 0])),
-                    Some(Op::Write { offset }) => {
-                        // 64 bytes of a new pattern at `offset`, which the client now
+                    Some(Op::Write { offset, len }) => {
+                        // `len` bytes of a new pattern at `offset`, which the client now
                         // expects to read back.
-                        let data: Vec<u8> = (0..64u8).map(|i| i ^ 0xa5 ^ offset as u8).collect();
+                        let data: Vec<u8> = (0..len)
+                            .map(|i| (i as u8) ^ 0xa5 ^ (offset as u8) ^ ((i >> 8) as u8))
+                            .collect();
                         let expect = &mut self.script.as_mut().unwrap().1;
                         let at = offset as usize;
                         if at + data.len() > expect.len() {
@@ -570,8 +574,11 @@ impl Client {
                         body[2..4].copy_from_slice(&((HEADER_LEN + 48) as u16).to_le_bytes());
                         body[4..8].copy_from_slice(&(data.len() as u32).to_le_bytes());
                         body[8..16].copy_from_slice(&offset.to_le_bytes());
+                        body[16..24].copy_from_slice(&self.file_id.persistent.to_le_bytes());
+                        body[24..32].copy_from_slice(&self.file_id.volatile.to_le_bytes());
                         body.extend_from_slice(&data);
-                        Some(self.request(Command::WRITE, 1, &body))
+                        let charge = len.div_ceil(65536).max(1) as u16;
+                        Some(self.charged(Command::WRITE, charge, charge, &body))
                     }
                     None => Some(self.close()),
                 }

@@ -473,40 +473,89 @@ impl Far {
                 }
                 continue;
             }
-            let client_id = header.message_id;
-            let charge = charge_of(header.credit_charge);
-            if self.collides(client_id, charge) {
-                self.missed();
-            }
-            let server_id = if self.fresh { self.top } else { client_id };
-            if server_id != client_id {
-                frame[at + 24..at + 32].copy_from_slice(&server_id.to_le_bytes());
-                self.stats.remapped += 1;
-            }
-            self.top = self.top.max(server_id.saturating_add(charge));
-            self.client_next = self.client_next.max(client_id.saturating_add(charge));
-            // Whatever the request (but the active file's next READ, which `client_read`
-            // judges), it has taken ids a prediction would otherwise have had.
-            let body = &frame[at + HEADER_LEN..at + len];
-            let next_read = header.command == Command::READ
-                && ReadRequest::parse(body).is_ok_and(|r| Some(r.file_id) == self.active);
-            if let Some(file) = self.active.and_then(|f| self.files.get_mut(&f))
-                && client_id >= file.next_id
-                && !(next_read && client_id == file.next_id)
-            {
-                file.next_id = client_id.saturating_add(charge);
-            }
-            self.pending.insert(
-                server_id,
-                Pending::Client {
-                    client_id,
-                    command: header.command,
-                },
-            );
-            self.client_request(&header, server_id, body);
+            self.request_out(&header, &mut frame[at..at + len]);
         }
         self.to_server.push_back(frame);
         Ok(())
+    }
+
+    /// A client request goes to the server (`message`: its header and its body, or the
+    /// start of its body, enough to name a file): its server id written in, the ids and
+    /// credits it takes counted, what it means for read-ahead noted.
+    fn request_out(&mut self, header: &Header, message: &mut [u8]) {
+        let client_id = header.message_id;
+        let charge = charge_of(header.credit_charge);
+        if self.collides(client_id, charge) {
+            self.missed();
+        }
+        let server_id = if self.fresh { self.top } else { client_id };
+        if server_id != client_id {
+            message[24..32].copy_from_slice(&server_id.to_le_bytes());
+            self.stats.remapped += 1;
+        }
+        self.top = self.top.max(server_id.saturating_add(charge));
+        self.client_next = self.client_next.max(client_id.saturating_add(charge));
+        // Whatever the request (but the active file's next READ, which `client_read`
+        // judges), it has taken ids a prediction would otherwise have had.
+        let body = &message[HEADER_LEN..];
+        let next_read = header.command == Command::READ
+            && ReadRequest::parse(body).is_ok_and(|r| Some(r.file_id) == self.active);
+        if let Some(file) = self.active.and_then(|f| self.files.get_mut(&f))
+            && client_id >= file.next_id
+            && !(next_read && client_id == file.next_id)
+        {
+            file.next_id = client_id.saturating_add(charge);
+        }
+        self.pending.insert(
+            server_id,
+            Pending::Client {
+                client_id,
+                command: header.command,
+            },
+        );
+        self.client_request(header, server_id, body);
+    }
+
+    /// Whether a client frame from near that starts with `start` (its framing header, its
+    /// SMB header and at least the first 32 bytes of its body) may go to the server as its
+    /// bytes come, far changing no more than its header: one WRITE request (large) that
+    /// waits for nothing, its ids within what the server has granted. Far does here what
+    /// [`Self::from_near`] would; the header to send, if so. The rest of the frame is given
+    /// to [`Self::observe_client`] as it passes.
+    pub fn passes_request(&mut self, start: &[u8]) -> Option<[u8; HEADER_LEN]> {
+        let message = start.get(FRAME_HEADER_LEN..)?;
+        let header = Header::parse(message).ok()?;
+        if header.is_response()
+            || header.next_command != 0
+            || header.command != Command::WRITE
+            || !self.blocked.is_empty()
+        {
+            return None;
+        }
+        let mut out = [0; HEADER_LEN];
+        out.copy_from_slice(&message[..HEADER_LEN]);
+        if self.through {
+            return Some(out);
+        }
+        let charge = charge_of(header.credit_charge);
+        let fresh = self.fresh || self.collides(header.message_id, charge);
+        let first = if fresh { self.top } else { header.message_id };
+        if first.saturating_add(charge) > self.window_end {
+            return None;
+        }
+        self.observer.feed(Direction::ToServer, start);
+        let mut message = message.to_vec();
+        self.request_out(&header, &mut message);
+        out.copy_from_slice(&message[..HEADER_LEN]);
+        self.read_ahead();
+        Some(out)
+    }
+
+    /// The rest of a frame [`Self::passes_request`] let through, as it passes.
+    pub fn observe_client(&mut self, bytes: &[u8]) {
+        if !self.through {
+            self.observer.feed(Direction::ToServer, bytes);
+        }
     }
 
     /// A client request with id `id` that near passed on while the prediction for that id

@@ -166,67 +166,14 @@ impl Near {
             if header.is_response() || header.command == Command::CANCEL {
                 continue;
             }
-            self.client_next = self.client_next.max(
-                header
-                    .message_id
-                    .saturating_add(charge_of(header.credit_charge)),
-            );
-            let changes = matches!(
-                header.command,
-                Command::WRITE
-                    | Command::SET_INFO
-                    | Command::FLUSH
-                    | Command::LOCK
-                    | Command::IOCTL
-            );
-            if changes || header.command == Command::CLOSE {
-                self.drop_unasked();
-            }
-            let first = header.message_id;
-            for id in first..first.saturating_add(charge_of(header.credit_charge).min(256)) {
-                if self.announced.get(&id).is_some_and(|a| a.asked.is_none()) {
-                    self.announced.remove(&id);
-                }
-            }
-            let body = &message[HEADER_LEN..];
-            match header.command {
-                Command::CREATE if self.creating.len() < MAX_OPENS => {
-                    // DesiredAccess (4 at 24), CreateOptions (4 at 40).
-                    let le32 =
-                        |at: usize| body.get(at..at + 4).map_or(0, |b| crate::wire::le32(b, 0));
-                    let deletes = le32(24) & DELETE != 0 || le32(40) & FILE_DELETE_ON_CLOSE != 0;
-                    self.creating
-                        .insert(header.message_id, (tree_of(&header), deletes));
-                }
-                // Handles the session or the tree had are closed with it.
-                Command::LOGOFF => self.opens.retain(|(s, _), _| *s != header.session_id),
-                Command::TREE_DISCONNECT => {
-                    let tree = tree_of(&header);
-                    self.opens
-                        .retain(|(s, _), o| *s != header.session_id || o.tree_id != tree);
-                }
-                _ => {}
-            }
-            let Some(open_key) = file_id_of(header.command, body)
-                .map(|id| (header.session_id, id))
-                .filter(|k| self.opens.contains_key(k))
-            else {
-                continue;
-            };
-            if header.command == Command::CLOSE {
-                // The handle is the client's no more, whoever answers.
+            if let Some(open_key) = self.note(&header, &message[HEADER_LEN..]) {
+                // A CLOSE: the handle is the client's no more, whoever answers.
                 let here = alone && self.close_here(&header, &frame);
                 self.opens.remove(&open_key);
                 if here {
                     self.to_far.push_back(Record::Smb(frame));
                     return;
                 }
-                continue;
-            }
-            if let Some(open) = self.opens.get_mut(&open_key) {
-                open.changed |= changes;
-                open.busy += 1;
-                self.on_file.insert(header.message_id, open_key);
             }
         }
         let next = self.client_next;
@@ -236,6 +183,79 @@ impl Near {
             self.passed.insert(message_id, key);
         }
         self.to_far.push_back(Record::Smb(frame));
+    }
+
+    /// What near notes of a client request it passes on (not a CANCEL; `body` may be only
+    /// the start of the body, enough to name a file): the ids it takes, the predictions it
+    /// makes moot, the handles it opens or closes with their tree or session, and whether
+    /// it may change an open file. A CLOSE of a handle near knows: that handle, which the
+    /// caller forgets once it has judged the CLOSE.
+    fn note(&mut self, header: &Header, body: &[u8]) -> Option<(u64, FileId)> {
+        self.client_next = self.client_next.max(
+            header
+                .message_id
+                .saturating_add(charge_of(header.credit_charge)),
+        );
+        let changes = matches!(
+            header.command,
+            Command::WRITE | Command::SET_INFO | Command::FLUSH | Command::LOCK | Command::IOCTL
+        );
+        if changes || header.command == Command::CLOSE {
+            self.drop_unasked();
+        }
+        let first = header.message_id;
+        for id in first..first.saturating_add(charge_of(header.credit_charge).min(256)) {
+            if self.announced.get(&id).is_some_and(|a| a.asked.is_none()) {
+                self.announced.remove(&id);
+            }
+        }
+        match header.command {
+            Command::CREATE if self.creating.len() < MAX_OPENS => {
+                // DesiredAccess (4 at 24), CreateOptions (4 at 40).
+                let le32 = |at: usize| body.get(at..at + 4).map_or(0, |b| crate::wire::le32(b, 0));
+                let deletes = le32(24) & DELETE != 0 || le32(40) & FILE_DELETE_ON_CLOSE != 0;
+                self.creating
+                    .insert(header.message_id, (tree_of(header), deletes));
+            }
+            // Handles the session or the tree had are closed with it.
+            Command::LOGOFF => self.opens.retain(|(s, _), _| *s != header.session_id),
+            Command::TREE_DISCONNECT => {
+                let tree = tree_of(header);
+                self.opens
+                    .retain(|(s, _), o| *s != header.session_id || o.tree_id != tree);
+            }
+            _ => {}
+        }
+        let open_key = file_id_of(header.command, body)
+            .map(|id| (header.session_id, id))
+            .filter(|k| self.opens.contains_key(k))?;
+        if header.command == Command::CLOSE {
+            return Some(open_key);
+        }
+        if let Some(open) = self.opens.get_mut(&open_key) {
+            open.changed |= changes;
+            open.busy += 1;
+            self.on_file.insert(header.message_id, open_key);
+        }
+        None
+    }
+
+    /// Whether a client frame that starts with `start` (its first SMB header and at least
+    /// the first 32 bytes of its body) may go to far as its bytes come, unchanged: one
+    /// WRITE request (large, and nothing near answers). Near notes it here as
+    /// [`Self::from_client`] would.
+    pub fn passes_request(&mut self, start: &[u8]) -> bool {
+        let Ok(header) = Header::parse(start) else {
+            return false;
+        };
+        if header.is_response() || header.next_command != 0 || header.command != Command::WRITE {
+            return false;
+        }
+        self.note(&header, &start[HEADER_LEN..]);
+        let next = self.client_next;
+        self.announced
+            .retain(|&id, a| a.asked.is_some() || id >= next);
+        true
     }
 
     /// Answers the client's CLOSE (`header`, the whole of `frame`) here if far acts on the

@@ -15,6 +15,9 @@
 //! ([`Far::translating`]); a stream that turns opaque while it is fails the session
 //! ([`SpliceError::Unframed`]) rather than hand either end ids the other did not give.
 //!
+//! Frames of 16 KiB or more that a half passes on with no more than its header changed
+//! (large READ answers, WRITE requests) stream: written on as their bytes come.
+//!
 //! Memory: the frame being read each way (at most a frame, 16 MiB), what waits to be written
 //! (the caller stops reading a side while the way it feeds holds [`Splice::to_end`] or
 //! [`Splice::to_peer`] bytes beyond its limit), and what near holds of far's answers
@@ -120,8 +123,20 @@ pub struct Splice {
     failed: Option<SpliceError>,
 }
 
-/// The shortest SMB frame near streams through instead of holding it whole.
+/// The shortest SMB frame a half streams through instead of holding it whole.
 const CUT_THROUGH: usize = 16 << 10;
+
+/// What a half reads of a request before it lets it stream: the header and the start of
+/// the body, far enough to name the file (a WRITE's FileId ends 32 bytes in).
+const REQUEST_START: usize = HEADER_LEN + 32;
+
+/// The length of the SMB frame (record type 0) starting `data`, if it is long enough to
+/// stream and its framing header is all there.
+fn stream_len(data: &[u8]) -> Option<usize> {
+    let start = data.get(..FRAME_HEADER_LEN)?;
+    let len = usize::from(start[1]) << 16 | usize::from(start[2]) << 8 | usize::from(start[3]);
+    (start[0] == 0 && len >= CUT_THROUGH).then_some(len)
+}
 
 impl Splice {
     /// The client's gateway's half.
@@ -190,19 +205,23 @@ impl Splice {
         self.failed.clone().map_or(Ok(()), Err)
     }
 
-    /// Whether the frame starting `data` is a server's answer far passes on with no more
-    /// than its header changed, long enough to stream (far's side of [`Self::cut_through`]);
-    /// its length and the header to send, if so.
+    /// Whether the frame starting `data` is one the half passes on with no more than its
+    /// header changed, long enough to stream: at far a server's answer ([`Far::passes`]),
+    /// at near a client's WRITE ([`Near::passes_request`]). Its length and the header to
+    /// send, if so.
     fn end_cut_through(&mut self, data: &[u8]) -> Option<(usize, [u8; HEADER_LEN])> {
-        let Half::Far(far) = &mut self.half else {
-            return None;
-        };
-        let start = data.get(..FRAME_HEADER_LEN + HEADER_LEN)?;
-        let len = usize::from(start[1]) << 16 | usize::from(start[2]) << 8 | usize::from(start[3]);
-        if start[0] != 0 || len < CUT_THROUGH {
-            return None;
+        let len = stream_len(data)?;
+        match &mut self.half {
+            Half::Far(far) => far
+                .passes(data.get(..FRAME_HEADER_LEN + HEADER_LEN)?)
+                .map(|header| (len, header)),
+            Half::Near(near) => {
+                let start = data.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + REQUEST_START)?;
+                let mut header = [0; HEADER_LEN];
+                header.copy_from_slice(&start[..HEADER_LEN]);
+                near.passes_request(start).then_some((len, header))
+            }
         }
-        far.passes(start).map(|header| (len, header))
     }
 
     /// Frames from the end, up to the end of one at most.
@@ -232,6 +251,9 @@ impl Splice {
             }
             if self.passing > 0 {
                 let n = self.passing.min(data.len());
+                if let Half::Far(far) = &mut self.half {
+                    far.observe_client(&data[..n]);
+                }
                 self.to_end.reserve(n).extend_from_slice(&data[..n]);
                 self.passing -= n;
                 data = &data[n..];
@@ -241,13 +263,15 @@ impl Splice {
                 continue;
             }
             if self.from_peer.between_frames()
-                && let Some(len) = self.cut_through(data)
+                && let Some((len, header)) = self.cut_through(data)
             {
-                self.to_end
-                    .reserve(FRAME_HEADER_LEN)
-                    .extend_from_slice(&data[..FRAME_HEADER_LEN]);
-                self.passing = len;
-                data = &data[FRAME_HEADER_LEN..];
+                let out = self.to_end.reserve(FRAME_HEADER_LEN + HEADER_LEN);
+                out.extend_from_slice(&data[..FRAME_HEADER_LEN]);
+                out.extend_from_slice(&header);
+                self.passing = len - HEADER_LEN;
+                data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
+                // What the half has for its end may go after the frame; for the peer, now.
+                self.drain();
                 continue;
             }
             // Up to the end of one record at a time, so that the next is judged afresh.
@@ -258,25 +282,29 @@ impl Splice {
         self.failed.clone().map_or(Ok(()), Err)
     }
 
-    /// Whether the record starting `data` is an SMB frame near passes on untouched, long
-    /// enough to stream: written on as its bytes come instead of after the last (at the
-    /// WAN's rate, an 8 MiB answer held whole would wait 134 ms at 500 Mbit/s). Its length,
-    /// if so; the engine has seen its header.
-    fn cut_through(&mut self, data: &[u8]) -> Option<usize> {
-        let Half::Near(near) = &mut self.half else {
-            return None;
-        };
-        let start = data.get(..FRAME_HEADER_LEN + HEADER_LEN)?;
-        let len = usize::from(start[1]) << 16 | usize::from(start[2]) << 8 | usize::from(start[3]);
-        if start[0] != 0 || len < CUT_THROUGH {
-            return None;
-        }
-        let message = &start[FRAME_HEADER_LEN..];
-        match Header::parse(message) {
-            Ok(header) => near.passes(&header).then_some(len),
-            // Not SMB2 (encrypted, compressed, SMB1): nothing near acts on.
-            Err(_) if Protocol::of(message) != Some(Protocol::Smb2) => Some(len),
-            Err(_) => None,
+    /// Whether the record starting `data` is an SMB frame the half passes on with no more
+    /// than its header changed, long enough to stream: written on as its bytes come
+    /// instead of after the last (at the WAN's rate, an 8 MiB frame held whole would wait
+    /// 134 ms at 500 Mbit/s). At near an answer ([`Near::passes`], untouched), at far a
+    /// client's WRITE ([`Far::passes_request`]). Its length and the header to send, if so;
+    /// the engine has seen the frame's start.
+    fn cut_through(&mut self, data: &[u8]) -> Option<(usize, [u8; HEADER_LEN])> {
+        let len = stream_len(data)?;
+        match &mut self.half {
+            Half::Near(near) => {
+                let message = data.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + HEADER_LEN)?;
+                let mut header = [0; HEADER_LEN];
+                header.copy_from_slice(message);
+                let passes = match Header::parse(message) {
+                    Ok(parsed) => near.passes(&parsed),
+                    // Not SMB2 (encrypted, compressed, SMB1): nothing near acts on.
+                    Err(_) => Protocol::of(message) != Some(Protocol::Smb2),
+                };
+                passes.then_some((len, header))
+            }
+            Half::Far(far) => far
+                .passes_request(data.get(..FRAME_HEADER_LEN + REQUEST_START)?)
+                .map(|header| (len, header)),
         }
     }
 
