@@ -119,6 +119,10 @@ pub struct Splice {
     /// a frame streaming from the end to the peer.
     passing: usize,
     end_passing: usize,
+    /// The first bytes of a frame from the end, or the peer, that may stream, gathered
+    /// until there are enough to judge it (a read ended inside them).
+    end_start: Vec<u8>,
+    peer_start: Vec<u8>,
     /// Why the splice cannot go on, found while handing out (returned by the next call).
     failed: Option<SpliceError>,
 }
@@ -129,6 +133,41 @@ const CUT_THROUGH: usize = 16 << 10;
 /// What a half reads of a request before it lets it stream: the header and the start of
 /// the body, far enough to name the file (a WRITE's FileId ends 32 bytes in).
 const REQUEST_START: usize = HEADER_LEN + 32;
+
+/// The bytes of a frame's start a half judges it on: its framing header and
+/// [`REQUEST_START`].
+const JUDGE: usize = FRAME_HEADER_LEN + REQUEST_START;
+
+/// What [`gather`] made of a read's bytes at a frame's start.
+enum Gather {
+    /// All were taken, and more are needed.
+    Wait,
+    /// The start holds [`JUDGE`] bytes of a frame that may stream, this many from the read.
+    Judge(usize),
+    /// The frame cannot stream (not an SMB frame, or too short): the start (this many from
+    /// the read) goes the usual way.
+    No(usize),
+}
+
+/// Gathers a frame's start from `data` into `start` (which holds what earlier reads
+/// brought): its framing header first, then, if the frame is long enough to stream, up to
+/// [`JUDGE`] bytes. Never takes bytes past the frame's end.
+fn gather(start: &mut Vec<u8>, data: &[u8]) -> Gather {
+    let mut taken = 0;
+    for goal in [FRAME_HEADER_LEN, JUDGE] {
+        let n = goal.saturating_sub(start.len()).min(data.len() - taken);
+        start.extend_from_slice(&data[taken..taken + n]);
+        taken += n;
+        let framed = start.len() >= FRAME_HEADER_LEN;
+        if start.first().is_some_and(|&kind| kind != 0) || framed && stream_len(start).is_none() {
+            return Gather::No(taken);
+        }
+        if start.len() < goal {
+            return Gather::Wait;
+        }
+    }
+    Gather::Judge(taken)
+}
 
 /// The length of the SMB frame (record type 0) starting `data`, if it is long enough to
 /// stream and its framing header is all there.
@@ -160,6 +199,8 @@ impl Splice {
             to_peer: Outbox::default(),
             passing: 0,
             end_passing: 0,
+            end_start: Vec::new(),
+            peer_start: Vec::new(),
             failed: None,
         }
     }
@@ -172,30 +213,54 @@ impl Splice {
                 return Ok(());
             }
             if self.end_passing > 0 {
-                let n = self.end_passing.min(data.len());
-                if let Half::Far(far) = &mut self.half {
-                    far.observe_server(&data[..n]);
-                }
-                self.to_peer.reserve(n).extend_from_slice(&data[..n]);
-                self.end_passing -= n;
-                data = &data[n..];
-                if self.end_passing == 0 {
-                    self.drain();
-                }
+                data = &data[self.end_pass(data)..];
                 continue;
             }
-            if self.from_end.between_frames()
-                && let Some((len, header)) = self.end_cut_through(data)
-            {
-                let out = self.to_peer.reserve(FRAME_HEADER_LEN + HEADER_LEN);
-                out.extend_from_slice(&data[..FRAME_HEADER_LEN]);
-                out.extend_from_slice(&header);
-                self.end_passing = len - HEADER_LEN;
-                data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
-                // What far has for the server may go; what it has for near waits for the
-                // frame's end.
-                self.drain();
-                continue;
+            if self.from_end.between_frames() {
+                // A frame that may stream is judged on its first JUDGE bytes: in the bytes
+                // read if they are there, else gathered across reads.
+                let (start, taken) = if self.end_start.is_empty() && data.len() >= JUDGE {
+                    (&data[..JUDGE], 0)
+                } else {
+                    match gather(&mut self.end_start, data) {
+                        Gather::Wait => break,
+                        Gather::Judge(n) => (&self.end_start[..], n),
+                        Gather::No(n) => {
+                            let start = std::mem::take(&mut self.end_start);
+                            self.end_frames(&start)?;
+                            data = &data[n..];
+                            continue;
+                        }
+                    }
+                };
+                let mut copy = [0; JUDGE];
+                copy.copy_from_slice(start);
+                let start = &copy[..];
+                if let Some((len, header)) = self.end_cut_through(start) {
+                    self.end_start.clear();
+                    let out = self.to_peer.reserve(FRAME_HEADER_LEN + HEADER_LEN);
+                    out.extend_from_slice(&start[..FRAME_HEADER_LEN]);
+                    out.extend_from_slice(&header);
+                    self.end_passing = len - HEADER_LEN;
+                    // What far has for the server may go; what it has for near waits for
+                    // the frame's end.
+                    self.drain();
+                    let body = &start[FRAME_HEADER_LEN + HEADER_LEN..];
+                    if taken > 0 {
+                        self.end_pass(body);
+                        data = &data[taken..];
+                    } else {
+                        data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
+                    }
+                    continue;
+                }
+                if taken > 0 {
+                    // Gathered and judged: it goes the usual way.
+                    let start = std::mem::take(&mut self.end_start);
+                    self.end_frames(&start)?;
+                    data = &data[taken..];
+                    continue;
+                }
             }
             // Up to the end of one frame at a time, so that the next is judged afresh.
             let n = self.from_end.to_frame_end(data);
@@ -203,6 +268,35 @@ impl Splice {
             data = &data[n..];
         }
         self.failed.clone().map_or(Ok(()), Err)
+    }
+
+    /// Bytes of a frame streaming from the end to the peer: as many of `data` as the frame
+    /// has left go on (far's observer sees them); how many.
+    fn end_pass(&mut self, data: &[u8]) -> usize {
+        let n = self.end_passing.min(data.len());
+        if let Half::Far(far) = &mut self.half {
+            far.observe_server(&data[..n]);
+        }
+        self.to_peer.reserve(n).extend_from_slice(&data[..n]);
+        self.end_passing -= n;
+        if self.end_passing == 0 {
+            self.drain();
+        }
+        n
+    }
+
+    /// The same from the peer to the end.
+    fn peer_pass(&mut self, data: &[u8]) -> usize {
+        let n = self.passing.min(data.len());
+        if let Half::Far(far) = &mut self.half {
+            far.observe_client(&data[..n]);
+        }
+        self.to_end.reserve(n).extend_from_slice(&data[..n]);
+        self.passing -= n;
+        if self.passing == 0 {
+            self.drain();
+        }
+        n
     }
 
     /// Whether the frame starting `data` is one the half passes on with no more than its
@@ -250,29 +344,52 @@ impl Splice {
                 return Ok(());
             }
             if self.passing > 0 {
-                let n = self.passing.min(data.len());
-                if let Half::Far(far) = &mut self.half {
-                    far.observe_client(&data[..n]);
-                }
-                self.to_end.reserve(n).extend_from_slice(&data[..n]);
-                self.passing -= n;
-                data = &data[n..];
-                if self.passing == 0 {
-                    self.drain();
-                }
+                data = &data[self.peer_pass(data)..];
                 continue;
             }
-            if self.from_peer.between_frames()
-                && let Some((len, header)) = self.cut_through(data)
-            {
-                let out = self.to_end.reserve(FRAME_HEADER_LEN + HEADER_LEN);
-                out.extend_from_slice(&data[..FRAME_HEADER_LEN]);
-                out.extend_from_slice(&header);
-                self.passing = len - HEADER_LEN;
-                data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
-                // What the half has for its end may go after the frame; for the peer, now.
-                self.drain();
-                continue;
+            if self.from_peer.between_frames() {
+                // As from the end: judged on its first JUDGE bytes, gathered if need be.
+                let (start, taken) = if self.peer_start.is_empty() && data.len() >= JUDGE {
+                    (&data[..JUDGE], 0)
+                } else {
+                    match gather(&mut self.peer_start, data) {
+                        Gather::Wait => break,
+                        Gather::Judge(n) => (&self.peer_start[..], n),
+                        Gather::No(n) => {
+                            let start = std::mem::take(&mut self.peer_start);
+                            self.peer_records(&start)?;
+                            data = &data[n..];
+                            continue;
+                        }
+                    }
+                };
+                let mut copy = [0; JUDGE];
+                copy.copy_from_slice(start);
+                let start = &copy[..];
+                if let Some((len, header)) = self.cut_through(start) {
+                    self.peer_start.clear();
+                    let out = self.to_end.reserve(FRAME_HEADER_LEN + HEADER_LEN);
+                    out.extend_from_slice(&start[..FRAME_HEADER_LEN]);
+                    out.extend_from_slice(&header);
+                    self.passing = len - HEADER_LEN;
+                    // What the half has for its end may go after the frame; for the peer,
+                    // now.
+                    self.drain();
+                    let body = &start[FRAME_HEADER_LEN + HEADER_LEN..];
+                    if taken > 0 {
+                        self.peer_pass(body);
+                        data = &data[taken..];
+                    } else {
+                        data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
+                    }
+                    continue;
+                }
+                if taken > 0 {
+                    let start = std::mem::take(&mut self.peer_start);
+                    self.peer_records(&start)?;
+                    data = &data[taken..];
+                    continue;
+                }
             }
             // Up to the end of one record at a time, so that the next is judged afresh.
             let n = self.from_peer.to_frame_end(data);
@@ -357,7 +474,9 @@ impl Splice {
 
     /// The end finished sending: an incomplete frame goes on as it came.
     pub fn end_finished(&mut self) {
-        let partial = self.from_end.take_partial();
+        // Bytes being gathered are a frame's start the framing has not seen.
+        let mut partial = std::mem::take(&mut self.end_start);
+        partial.append(&mut self.from_end.take_partial());
         self.to_peer
             .reserve(partial.len())
             .extend_from_slice(&partial);
@@ -366,7 +485,8 @@ impl Splice {
     /// The peer finished sending: an incomplete SMB frame goes on as it came; an
     /// incomplete engine record is an error.
     pub fn peer_finished(&mut self) -> Result<(), SpliceError> {
-        let partial = self.from_peer.take_partial();
+        let mut partial = std::mem::take(&mut self.peer_start);
+        partial.append(&mut self.from_peer.take_partial());
         if partial.first().is_some_and(|&kind| kind != 0) {
             return Err(SpliceError::CutRecord);
         }

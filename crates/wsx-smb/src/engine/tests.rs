@@ -1202,3 +1202,28 @@ fn a_large_write_streams_through_both_halves() {
         "the client's answer under its id: {answers:?}"
     );
 }
+
+/// A frame whose first bytes come over several reads is judged once they are in, and
+/// streams as one read whole would: a WRITE at near, an answer from far at near.
+#[test]
+fn a_frame_whose_start_comes_in_pieces_still_streams() {
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    let write = framed(&write_message(7, FILE, 0, &data));
+    let answer = framed(&message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..header(Command::READ, 3, 1, 1)
+        },
+        &data,
+    ));
+    let mut near = Splice::near();
+    for cut in [(0, 3), (3, 60), (60, 99), (99, 5000)] {
+        near.from_end(&write[cut.0..cut.1]).unwrap();
+        near.from_peer(&answer[cut.0..cut.1]).unwrap();
+    }
+    assert!(near.to_peer() == &write[..5000], "the WRITE streams");
+    assert!(near.to_end() == &answer[..5000], "the answer streams");
+    near.from_end(&write[5000..]).unwrap();
+    near.from_peer(&answer[5000..]).unwrap();
+    assert!(near.to_peer() == &write[..] && near.to_end() == &answer[..]);
+}
