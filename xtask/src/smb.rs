@@ -35,6 +35,8 @@ pub(crate) enum Client {
     Smbprotocol,
     /// Samba's smbclient (`get`): several READs outstanding.
     Smbclient,
+    /// Samba's smbclient writing the file (`put`): several WRITEs outstanding.
+    SmbclientPut,
 }
 
 /// One case.
@@ -97,6 +99,11 @@ pub(crate) struct SmbRecord {
     pub(crate) missed: Option<u64>,
     pub(crate) cpu_s_gw_a: Option<f64>,
     pub(crate) cpu_s_gw_b: Option<f64>,
+    /// The gateways' peak resident set sizes, KiB (wsx modes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max_rss_kb_gw_a: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max_rss_kb_gw_b: Option<u64>,
     /// The file read matched the file served (SHA-256), whole.
     pub(crate) verified: bool,
 }
@@ -180,7 +187,8 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
     let want = hex(digest.finish().as_ref());
     let report = match case.client {
         Client::Smbprotocol => smbprotocol(case, &lab, python, &work, server, &names),
-        Client::Smbclient => smbclient(case, &lab, &samba, &work, server, &names),
+        Client::Smbclient => smbclient(case, &lab, &samba, &work, server, &names, false),
+        Client::SmbclientPut => smbclient(case, &lab, &samba, &work, server, &names, true),
     };
     let usage = match gateways {
         Some(g) => {
@@ -233,6 +241,8 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
             .and_then(|(_, _, (_, far))| *far),
         cpu_s_gw_a: usage.as_ref().map(|([(a, _), _], _, _)| a.user_s + a.sys_s),
         cpu_s_gw_b: usage.as_ref().map(|([_, (b, _)], _, _)| b.user_s + b.sys_s),
+        max_rss_kb_gw_a: usage.as_ref().map(|([(a, _), _], _, _)| a.max_rss_kb),
+        max_rss_kb_gw_b: usage.as_ref().map(|([_, (b, _)], _, _)| b.max_rss_kb),
         verified: report.bytes == case.files * case.file_bytes && report.sha256 == want,
     })
 }
@@ -277,7 +287,8 @@ fn smbprotocol(
 }
 
 /// Reads the one file in `names` with smbclient's `get` (a guest session, never signed),
-/// timed as smbclient reports the transfer itself.
+/// or with `put` writes a copy of it to the share, timed as smbclient reports the
+/// transfer itself; what was read, or what landed in the share, is hashed.
 fn smbclient(
     case: &SmbCase,
     lab: &Lab,
@@ -285,6 +296,7 @@ fn smbclient(
     work: &Path,
     server: std::net::IpAddr,
     names: &[String],
+    put: bool,
 ) -> Result<ClientReport> {
     let [name] = names else {
         bail!(
@@ -302,7 +314,13 @@ fn smbclient(
     };
     let config = samba.client_config(protocol)?;
     let local = work.join("smbclient.out");
-    let command = format!("get {name} {}", local.display());
+    let uploaded = samba.share_dir().join(format!("up-{name}"));
+    let command = if put {
+        std::fs::copy(samba.share_dir().join(name), &local)?;
+        format!("put {} up-{name}", local.display())
+    } else {
+        format!("get {name} {}", local.display())
+    };
     let started = std::time::Instant::now();
     let out = Samba::smbclient(
         lab,
@@ -327,7 +345,8 @@ fn smbclient(
     if !out.status.success() {
         bail!("smbclient failed: {}", text.trim());
     }
-    // "getting file \\NAME of size N as PATH (R KiloBytes/sec) (average ...)"
+    // "getting file \\NAME of size N as PATH (R KiloBytes/sec) (average ...)", or
+    // "putting file PATH as \\NAME (R kb/s) (average ...)".
     let rate = text
         .split("as ")
         .nth(1)
@@ -335,7 +354,7 @@ fn smbclient(
         .and_then(|t| t.split(' ').next())
         .and_then(|r| r.parse::<f64>().ok())
         .with_context(|| format!("no rate in smbclient's output: {text}"))?;
-    let data = std::fs::read(&local)?;
+    let data = std::fs::read(if put { &uploaded } else { &local })?;
     let read_s = data.len() as f64 / (rate * 1024.0);
     Ok(ClientReport {
         bytes: data.len(),
@@ -415,6 +434,7 @@ impl SmbRecord {
         };
         match self.client {
             Client::Smbclient => format!("{size}, smbclient"),
+            Client::SmbclientPut => format!("{size} written, smbclient"),
             Client::Smbprotocol if self.files == 1 => {
                 format!("{size}, {} KiB READs", self.read_bytes >> 10)
             }
