@@ -543,7 +543,10 @@ impl Far {
         if first.saturating_add(charge) > self.window_end {
             return None;
         }
-        self.observer.feed(Direction::ToServer, start);
+        // The observer sees the framing and the header here, the rest as it passes
+        // ([`Self::observe_client`]), as the splice hands it on.
+        self.observer
+            .feed(Direction::ToServer, &start[..FRAME_HEADER_LEN + HEADER_LEN]);
         let mut message = message.to_vec();
         self.request_out(&header, &mut message);
         out.copy_from_slice(&message[..HEADER_LEN]);

@@ -31,6 +31,8 @@ struct Run {
     client_violations: Vec<String>,
     far: super::EngineStats,
     near: super::EngineStats,
+    /// Far still judged the session unsigned at the end.
+    far_acts: bool,
 }
 
 /// Reads a file of `len` bytes in READs of `read_len` across a WAN of `rtt_ms`, with far's
@@ -148,6 +150,7 @@ fn run(
         client_violations: client.violations,
         far: far.stats(),
         near: near.stats(),
+        far_acts: far.may_act(),
     }
 }
 
@@ -169,6 +172,10 @@ fn check(run: &Run) {
     assert!(
         run.data == run.file,
         "the client read the file as the server has it"
+    );
+    assert!(
+        run.far_acts,
+        "far's observer read every frame as it was: the session stays unsigned"
     );
 }
 
@@ -360,6 +367,7 @@ proptest::proptest! {
         proptest::prop_assert!(run.server_violations.is_empty(), "server: {:?}", run.server_violations);
         proptest::prop_assert!(run.client_violations.is_empty(), "client: {:?}", run.client_violations);
         proptest::prop_assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
+        proptest::prop_assert!(run.far_acts, "far's observer kept in step: still unsigned");
     }
 }
 
@@ -1180,6 +1188,10 @@ fn a_large_write_streams_through_both_halves() {
     assert_ne!(server_id, id, "with a fresh id");
     assert!(sent[..4 + 24] == write[..4 + 24] && sent[4 + 32..] == write[4 + 32..half]);
     far.from_peer(&write[half..]).unwrap();
+    assert!(
+        far.may_act(),
+        "the observer read the streamed frame as it is: the session is still unsigned"
+    );
     serve(&mut far, &mut server, &mut to_server);
     assert!(server.violations.is_empty(), "{:?}", server.violations);
     assert!(
