@@ -138,6 +138,110 @@ const REQUEST_START: usize = HEADER_LEN + 32;
 /// [`REQUEST_START`].
 const JUDGE: usize = FRAME_HEADER_LEN + REQUEST_START;
 
+/// Whether the frame starting `data` (at least [`JUDGE`] bytes) is one the half passes on
+/// from its end with no more than its header changed, long enough to stream: at far a
+/// server's answer ([`Far::passes`]), at near a client's WRITE ([`Near::passes_request`]).
+/// Its length and the header to send, if so.
+fn end_cut_through(half: &mut Half, data: &[u8]) -> Option<(usize, [u8; HEADER_LEN])> {
+    let len = stream_len(data)?;
+    match half {
+        Half::Far(far) => far
+            .passes(data.get(..FRAME_HEADER_LEN + HEADER_LEN)?)
+            .map(|header| (len, header)),
+        Half::Near(near) => {
+            let start = data.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + REQUEST_START)?;
+            let mut header = [0; HEADER_LEN];
+            header.copy_from_slice(&start[..HEADER_LEN]);
+            near.passes_request(start).then_some((len, header))
+        }
+    }
+}
+
+/// The same for a record from the peer that is an SMB frame: written on as its bytes come
+/// instead of after the last (at the WAN's rate, an 8 MiB frame held whole would wait
+/// 134 ms at 500 Mbit/s). At near an answer ([`Near::passes`], untouched), at far a
+/// client's WRITE ([`Far::passes_request`]); the engine has seen the frame's start.
+fn cut_through(half: &mut Half, data: &[u8]) -> Option<(usize, [u8; HEADER_LEN])> {
+    let len = stream_len(data)?;
+    match half {
+        Half::Near(near) => {
+            let message = data.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + HEADER_LEN)?;
+            let mut header = [0; HEADER_LEN];
+            header.copy_from_slice(message);
+            let passes = match Header::parse(message) {
+                Ok(parsed) => near.passes(&parsed),
+                // Not SMB2 (encrypted, compressed, SMB1): nothing near acts on.
+                Err(_) => Protocol::of(message) != Some(Protocol::Smb2),
+            };
+            passes.then_some((len, header))
+        }
+        Half::Far(far) => far
+            .passes_request(data.get(..FRAME_HEADER_LEN + REQUEST_START)?)
+            .map(|header| (len, header)),
+    }
+}
+
+/// A frame that streams: its first bytes, its length, the header to send for it, and how
+/// many of the read's bytes its start took (0: it was all in the read, which still holds
+/// it).
+struct Stream {
+    start: [u8; JUDGE],
+    len: usize,
+    header: [u8; HEADER_LEN],
+    taken: usize,
+}
+
+/// What a way does with a read's bytes at a frame's start ([`judge`]).
+enum Judged {
+    /// All were gathered; more are needed.
+    Wait,
+    /// The frame goes the usual way, from the read's bytes.
+    Usual,
+    /// The frame goes the usual way, from these gathered bytes first (this many of the
+    /// read's).
+    Feed(Vec<u8>, usize),
+    /// The frame streams.
+    Stream(Stream),
+}
+
+/// Judges the frame that starts in `start` (gathered from earlier reads) and `data`: on
+/// its first [`JUDGE`] bytes, read in place when they are all in `data`, else gathered;
+/// `cut` says whether it streams and how.
+fn judge(
+    start: &mut Vec<u8>,
+    data: &[u8],
+    mut cut: impl FnMut(&[u8]) -> Option<(usize, [u8; HEADER_LEN])>,
+) -> Judged {
+    let taken = if start.is_empty() && data.len() >= JUDGE {
+        0
+    } else {
+        match gather(start, data) {
+            Gather::Wait => return Judged::Wait,
+            Gather::No(n) => return Judged::Feed(std::mem::take(start), n),
+            Gather::Judge(n) => n,
+        }
+    };
+    let mut first = [0; JUDGE];
+    first.copy_from_slice(if taken == 0 {
+        &data[..JUDGE]
+    } else {
+        &start[..]
+    });
+    match cut(&first) {
+        Some((len, header)) => {
+            start.clear();
+            Judged::Stream(Stream {
+                start: first,
+                len,
+                header,
+                taken,
+            })
+        }
+        None if taken == 0 => Judged::Usual,
+        None => Judged::Feed(std::mem::take(start), taken),
+    }
+}
+
 /// What [`gather`] made of a read's bytes at a frame's start.
 enum Gather {
     /// All were taken, and more are needed.
@@ -217,49 +321,21 @@ impl Splice {
                 continue;
             }
             if self.from_end.between_frames() {
-                // A frame that may stream is judged on its first JUDGE bytes: in the bytes
-                // read if they are there, else gathered across reads.
-                let (start, taken) = if self.end_start.is_empty() && data.len() >= JUDGE {
-                    (&data[..JUDGE], 0)
-                } else {
-                    match gather(&mut self.end_start, data) {
-                        Gather::Wait => break,
-                        Gather::Judge(n) => (&self.end_start[..], n),
-                        Gather::No(n) => {
-                            let start = std::mem::take(&mut self.end_start);
-                            self.end_frames(&start)?;
-                            data = &data[n..];
-                            continue;
-                        }
-                    }
-                };
-                let mut copy = [0; JUDGE];
-                copy.copy_from_slice(start);
-                let start = &copy[..];
-                if let Some((len, header)) = self.end_cut_through(start) {
-                    self.end_start.clear();
-                    let out = self.to_peer.reserve(FRAME_HEADER_LEN + HEADER_LEN);
-                    out.extend_from_slice(&start[..FRAME_HEADER_LEN]);
-                    out.extend_from_slice(&header);
-                    self.end_passing = len - HEADER_LEN;
-                    // What far has for the server may go; what it has for near waits for
-                    // the frame's end.
-                    self.drain();
-                    let body = &start[FRAME_HEADER_LEN + HEADER_LEN..];
-                    if taken > 0 {
-                        self.end_pass(body);
+                let half = &mut self.half;
+                match judge(&mut self.end_start, data, |start| {
+                    end_cut_through(half, start)
+                }) {
+                    Judged::Wait => break,
+                    Judged::Usual => {}
+                    Judged::Feed(start, taken) => {
+                        self.end_frames(&start)?;
                         data = &data[taken..];
-                    } else {
-                        data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
+                        continue;
                     }
-                    continue;
-                }
-                if taken > 0 {
-                    // Gathered and judged: it goes the usual way.
-                    let start = std::mem::take(&mut self.end_start);
-                    self.end_frames(&start)?;
-                    data = &data[taken..];
-                    continue;
+                    Judged::Stream(stream) => {
+                        data = self.start_stream(true, &stream, data);
+                        continue;
+                    }
                 }
             }
             // Up to the end of one frame at a time, so that the next is judged afresh.
@@ -268,6 +344,36 @@ impl Splice {
             data = &data[n..];
         }
         self.failed.clone().map_or(Ok(()), Err)
+    }
+
+    /// A frame from the end (`from_end`) or the peer starts streaming: its framing and
+    /// header go out, and what its start took of the read; the read's bytes left. What
+    /// the half has for the other way may go now; for this way it waits for the frame's
+    /// end.
+    fn start_stream<'a>(&mut self, from_end: bool, stream: &Stream, data: &'a [u8]) -> &'a [u8] {
+        let out = if from_end {
+            self.end_passing = stream.len - HEADER_LEN;
+            &mut self.to_peer
+        } else {
+            self.passing = stream.len - HEADER_LEN;
+            &mut self.to_end
+        }
+        .reserve(FRAME_HEADER_LEN + HEADER_LEN);
+        out.extend_from_slice(&stream.start[..FRAME_HEADER_LEN]);
+        out.extend_from_slice(&stream.header);
+        self.drain();
+        let body = &stream.start[FRAME_HEADER_LEN + HEADER_LEN..];
+        match stream.taken {
+            0 => &data[FRAME_HEADER_LEN + HEADER_LEN..],
+            taken => {
+                if from_end {
+                    self.end_pass(body);
+                } else {
+                    self.peer_pass(body);
+                }
+                &data[taken..]
+            }
+        }
     }
 
     /// Bytes of a frame streaming from the end to the peer: as many of `data` as the frame
@@ -297,25 +403,6 @@ impl Splice {
             self.drain();
         }
         n
-    }
-
-    /// Whether the frame starting `data` is one the half passes on with no more than its
-    /// header changed, long enough to stream: at far a server's answer ([`Far::passes`]),
-    /// at near a client's WRITE ([`Near::passes_request`]). Its length and the header to
-    /// send, if so.
-    fn end_cut_through(&mut self, data: &[u8]) -> Option<(usize, [u8; HEADER_LEN])> {
-        let len = stream_len(data)?;
-        match &mut self.half {
-            Half::Far(far) => far
-                .passes(data.get(..FRAME_HEADER_LEN + HEADER_LEN)?)
-                .map(|header| (len, header)),
-            Half::Near(near) => {
-                let start = data.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + REQUEST_START)?;
-                let mut header = [0; HEADER_LEN];
-                header.copy_from_slice(&start[..HEADER_LEN]);
-                near.passes_request(start).then_some((len, header))
-            }
-        }
     }
 
     /// Frames from the end, up to the end of one at most.
@@ -348,47 +435,19 @@ impl Splice {
                 continue;
             }
             if self.from_peer.between_frames() {
-                // As from the end: judged on its first JUDGE bytes, gathered if need be.
-                let (start, taken) = if self.peer_start.is_empty() && data.len() >= JUDGE {
-                    (&data[..JUDGE], 0)
-                } else {
-                    match gather(&mut self.peer_start, data) {
-                        Gather::Wait => break,
-                        Gather::Judge(n) => (&self.peer_start[..], n),
-                        Gather::No(n) => {
-                            let start = std::mem::take(&mut self.peer_start);
-                            self.peer_records(&start)?;
-                            data = &data[n..];
-                            continue;
-                        }
-                    }
-                };
-                let mut copy = [0; JUDGE];
-                copy.copy_from_slice(start);
-                let start = &copy[..];
-                if let Some((len, header)) = self.cut_through(start) {
-                    self.peer_start.clear();
-                    let out = self.to_end.reserve(FRAME_HEADER_LEN + HEADER_LEN);
-                    out.extend_from_slice(&start[..FRAME_HEADER_LEN]);
-                    out.extend_from_slice(&header);
-                    self.passing = len - HEADER_LEN;
-                    // What the half has for its end may go after the frame; for the peer,
-                    // now.
-                    self.drain();
-                    let body = &start[FRAME_HEADER_LEN + HEADER_LEN..];
-                    if taken > 0 {
-                        self.peer_pass(body);
+                let half = &mut self.half;
+                match judge(&mut self.peer_start, data, |start| cut_through(half, start)) {
+                    Judged::Wait => break,
+                    Judged::Usual => {}
+                    Judged::Feed(start, taken) => {
+                        self.peer_records(&start)?;
                         data = &data[taken..];
-                    } else {
-                        data = &data[FRAME_HEADER_LEN + HEADER_LEN..];
+                        continue;
                     }
-                    continue;
-                }
-                if taken > 0 {
-                    let start = std::mem::take(&mut self.peer_start);
-                    self.peer_records(&start)?;
-                    data = &data[taken..];
-                    continue;
+                    Judged::Stream(stream) => {
+                        data = self.start_stream(false, &stream, data);
+                        continue;
+                    }
                 }
             }
             // Up to the end of one record at a time, so that the next is judged afresh.
@@ -397,32 +456,6 @@ impl Splice {
             data = &data[n..];
         }
         self.failed.clone().map_or(Ok(()), Err)
-    }
-
-    /// Whether the record starting `data` is an SMB frame the half passes on with no more
-    /// than its header changed, long enough to stream: written on as its bytes come
-    /// instead of after the last (at the WAN's rate, an 8 MiB frame held whole would wait
-    /// 134 ms at 500 Mbit/s). At near an answer ([`Near::passes`], untouched), at far a
-    /// client's WRITE ([`Far::passes_request`]). Its length and the header to send, if so;
-    /// the engine has seen the frame's start.
-    fn cut_through(&mut self, data: &[u8]) -> Option<(usize, [u8; HEADER_LEN])> {
-        let len = stream_len(data)?;
-        match &mut self.half {
-            Half::Near(near) => {
-                let message = data.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + HEADER_LEN)?;
-                let mut header = [0; HEADER_LEN];
-                header.copy_from_slice(message);
-                let passes = match Header::parse(message) {
-                    Ok(parsed) => near.passes(&parsed),
-                    // Not SMB2 (encrypted, compressed, SMB1): nothing near acts on.
-                    Err(_) => Protocol::of(message) != Some(Protocol::Smb2),
-                };
-                passes.then_some((len, header))
-            }
-            Half::Far(far) => far
-                .passes_request(data.get(..FRAME_HEADER_LEN + REQUEST_START)?)
-                .map(|header| (len, header)),
-        }
     }
 
     /// Records from the peer, up to the end of one at most.
