@@ -505,27 +505,39 @@ impl Splice {
         Ok(())
     }
 
-    /// The end finished sending: an incomplete frame goes on as it came.
+    /// The end finished sending: an incomplete frame goes on as it came. The peer then
+    /// reads whatever follows as part of that frame, so the engine sends nothing more
+    /// that way (as for a way turned opaque).
     pub fn end_finished(&mut self) {
         // Bytes being gathered are a frame's start the framing has not seen.
         let mut partial = std::mem::take(&mut self.end_start);
         partial.append(&mut self.from_end.take_partial());
+        if !partial.is_empty() || self.end_passing > 0 {
+            self.end_passing = 0;
+            self.end_opaque = true;
+        }
         self.to_peer
             .reserve(partial.len())
             .extend_from_slice(&partial);
+        self.drain();
     }
 
-    /// The peer finished sending: an incomplete SMB frame goes on as it came; an
-    /// incomplete engine record is an error.
+    /// The peer finished sending: an incomplete SMB frame goes on as it came, and the
+    /// engine sends nothing more to the end; an incomplete engine record is an error.
     pub fn peer_finished(&mut self) -> Result<(), SpliceError> {
         let mut partial = std::mem::take(&mut self.peer_start);
         partial.append(&mut self.from_peer.take_partial());
         if partial.first().is_some_and(|&kind| kind != 0) {
             return Err(SpliceError::CutRecord);
         }
+        if !partial.is_empty() || self.passing > 0 {
+            self.passing = 0;
+            self.peer_opaque = true;
+        }
         self.to_end
             .reserve(partial.len())
             .extend_from_slice(&partial);
+        self.drain();
         Ok(())
     }
 

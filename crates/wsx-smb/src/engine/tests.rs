@@ -1239,3 +1239,71 @@ fn a_frame_whose_start_comes_in_pieces_still_streams() {
     near.from_peer(&answer[5000..]).unwrap();
     assert!(near.to_peer() == &write[..] && near.to_end() == &answer[..]);
 }
+
+/// An end that finishes inside a frame: the frame's bytes go on as they came and
+/// nothing follows them, not even a request near held and far then withdrew (the peer
+/// would read it as the rest of the cut frame). The same when the peer's stream ends
+/// inside an answer: near answers nothing more to the client.
+#[test]
+fn nothing_follows_a_frame_cut_by_its_end() {
+    let read = read_at(0, 4096);
+    let h = header(Command::READ, 9, 1, 1);
+    let mut announce = Vec::new();
+    Record::Announce {
+        message_id: 9,
+        key: super::Key::Read(super::ReadKey::of(&h, &read)),
+    }
+    .emit(&mut announce)
+    .unwrap();
+    let mut near = Splice::near();
+    near.from_peer(&announce).unwrap();
+    near.from_end(&framed(&read_message(&h, &read))).unwrap();
+    assert!(
+        near.to_peer().is_empty(),
+        "near holds the READ for its prediction"
+    );
+    let cut = framed(&read_message(&header(Command::READ, 10, 1, 1), &read));
+    near.from_end(&cut[..30]).unwrap();
+    near.end_finished();
+    let mut withdrawn = Vec::new();
+    Record::Withdrawn { message_id: 9 }
+        .emit(&mut withdrawn)
+        .unwrap();
+    near.from_peer(&withdrawn).unwrap();
+    assert!(
+        near.to_peer() == &cut[..30],
+        "the cut frame, and nothing after it"
+    );
+
+    let answer = framed(&message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..header(Command::READ, 3, 1, 1)
+        },
+        &vec![0x5a; 400],
+    ));
+    let mut prefetched = Vec::new();
+    Record::Prefetched {
+        message_id: 9,
+        answer: message(
+            &Header {
+                flags: flags::SERVER_TO_REDIR,
+                ..h
+            },
+            &[9, 0, 0, 0, 0, 0, 0, 0, 0],
+        ),
+    }
+    .emit(&mut prefetched)
+    .unwrap();
+    let mut near = Splice::near();
+    near.from_peer(&announce).unwrap();
+    near.from_peer(&prefetched).unwrap();
+    near.from_peer(&answer[..300]).unwrap();
+    near.peer_finished().unwrap();
+    // The READ near could answer from what it holds.
+    near.from_end(&framed(&read_message(&h, &read))).unwrap();
+    assert!(
+        near.to_end() == &answer[..300],
+        "the cut answer, and nothing after it"
+    );
+}
