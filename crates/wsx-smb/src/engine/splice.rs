@@ -314,7 +314,7 @@ impl Splice {
         while !data.is_empty() {
             if self.end_opaque {
                 self.to_peer.reserve(data.len()).extend_from_slice(data);
-                return Ok(());
+                break;
             }
             if self.end_passing > 0 {
                 data = &data[self.end_pass(data)..];
@@ -428,7 +428,7 @@ impl Splice {
         while !data.is_empty() {
             if self.peer_opaque {
                 self.to_end.reserve(data.len()).extend_from_slice(data);
-                return Ok(());
+                break;
             }
             if self.passing > 0 {
                 data = &data[self.peer_pass(data)..];
@@ -651,6 +651,8 @@ impl Splice {
         engine
             + self.from_end.held()
             + self.from_peer.held()
+            + self.end_start.capacity()
+            + self.peer_start.capacity()
             + self.to_end.bytes.capacity()
             + self.to_peer.bytes.capacity()
     }
