@@ -72,7 +72,10 @@ pub use shaping::{
     DEFAULT_BUFFER, DEFAULT_SCENARIO, FilterStatus, MIN_FLOW_BUFFER, ScenarioStatus, ShaperStatus,
     ShapingConfig, ShapingError,
 };
-pub use smb::{DEFAULT_READ_AHEAD as DEFAULT_SMB_READ_AHEAD, SmbStats};
+pub use smb::{
+    DEFAULT_READ_AHEAD as DEFAULT_SMB_READ_AHEAD, DEFAULT_VALIDITY_MS as DEFAULT_SMB_VALIDITY_MS,
+    SmbStats,
+};
 pub use socks::SocksUser;
 pub use wsx_shaper;
 pub use wsx_tunnel::Target;

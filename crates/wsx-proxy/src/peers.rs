@@ -62,6 +62,10 @@ pub struct PeerConfig {
     /// How far ahead of a client reading a file this gateway reads for sessions the peer's
     /// clients opened, per session (bytes; 0: none).
     pub smb_read_ahead: u64,
+    /// How long the peer's gateway may hold what this one read ahead from a file other
+    /// clients may write, ms; 0: such files are not read ahead
+    /// ([`wsx_smb::engine::Far::set_validity`]).
+    pub smb_validity_ms: u32,
 }
 
 /// The default deflate level: level 2 compresses text to a third at about 200 MiB/s a
@@ -84,6 +88,7 @@ impl PeerConfig {
             fec_max_overhead: TransportConfig::default().fec_max_overhead,
             smb: true,
             smb_read_ahead: crate::smb::DEFAULT_READ_AHEAD,
+            smb_validity_ms: crate::smb::DEFAULT_VALIDITY_MS,
         }
     }
 }

@@ -227,6 +227,8 @@ where
         loop {
             let mut progress = false;
             let splice = &mut engine.splice;
+            // Near gives answers held with a validity window only within it.
+            splice.set_now(std::time::Instant::now());
             while !splice.to_end().is_empty() {
                 let Poll::Ready(n) = Pin::new(&mut *end).poll_write(cx, splice.to_end())? else {
                     break;

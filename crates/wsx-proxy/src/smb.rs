@@ -21,11 +21,11 @@ pub(crate) const PORT: u16 = 445;
 
 /// This gateway's bit in the tunnel's application extensions
 /// ([`wsx_tunnel::TransportConfig::app_extensions`]): it runs the read-ahead engine on a
-/// stream whose hint is [`HINT`]. Bit 1, the engine's records as `wsx_smb::engine::link`
-/// has them since ANNOUNCE carries a QUERY_INFO as well as a READ; bit 0 was the READ-only
-/// records, which this gateway no longer speaks (a peer offering only it gets the plain
-/// relay).
-pub(crate) const EXTENSION: u32 = 1 << 1;
+/// stream whose hint is [`HINT`]. Bit 2, the engine's records as `wsx_smb::engine::link`
+/// has them since ANNOUNCE carries a validity window and near answers EXPIRED; bit 1 was
+/// the records before that, bit 0 the READ-only ones, which this gateway no longer speaks
+/// (a peer offering only those gets the plain relay).
+pub(crate) const EXTENSION: u32 = 1 << 2;
 
 /// The hint of a stream that carries the engine's records
 /// ([`wsx_smb::engine::link`]) instead of the session's bytes.
@@ -34,6 +34,13 @@ pub(crate) const HINT: &[u8] = b"smb";
 /// How far ahead of a client far reads by default, per session: a 500 Mbit/s path of
 /// 100 ms holds 6 MB.
 pub const DEFAULT_READ_AHEAD: u64 = 8 << 20;
+
+/// How long the client's gateway may hold an answer read ahead from a file other clients
+/// may write (no oplock granting read caching, a share mode that lets others write), ms:
+/// what the client gets is then at most this much older than what the server would have
+/// given it, plus the time the answer took to cross. Samba's own clients and most
+/// scripted ones open files so.
+pub const DEFAULT_VALIDITY_MS: u32 = 1000;
 
 /// What the gateway's observers concluded, since start.
 #[derive(Debug, Default)]

@@ -327,6 +327,11 @@ pub struct Client {
     pub queries: Vec<QueryInfoRequest>,
     pub query_files: usize,
     pub query_at: usize,
+    /// The ShareAccess of its CREATEs (1: read only, which keeps writers out; 3: others
+    /// may write, as Samba's smbclient opens).
+    pub share_access: u32,
+    /// How long it takes to send its next request once an answer is in, µs.
+    pub think_us: u64,
 }
 
 impl Client {
@@ -367,11 +372,11 @@ impl Client {
         self.charged(Command::READ, charge, charge, &body)
     }
 
-    /// A CREATE of the next file: ShareAccess read only.
+    /// A CREATE of the next file, with its ShareAccess.
     pub fn create(&mut self) -> Vec<u8> {
         let mut body = vec![0; 57];
         body[0] = 57;
-        body[32..36].copy_from_slice(&1u32.to_le_bytes());
+        body[32..36].copy_from_slice(&self.share_access.to_le_bytes());
         self.request(Command::CREATE, 1, &body)
     }
 
@@ -718,6 +723,8 @@ pub fn parties(len: usize, read_len: u32) -> (Client, Server) {
         queries: Vec::new(),
         query_files: usize::MAX,
         query_at: 0,
+        share_access: 1,
+        think_us: 0,
     };
     (client, server)
 }

@@ -340,7 +340,12 @@ impl Inner {
         mut stream: Stream,
     ) {
         let (codec, config) = (peer.codec(), peer.config());
-        let (peer, smb, read_ahead) = (config.name, config.smb, config.smb_read_ahead);
+        let (peer, smb, read_ahead, validity) = (
+            config.name,
+            config.smb,
+            config.smb_read_ahead,
+            config.smb_validity_ms,
+        );
         let meta = stream.meta().clone();
         let (Some(source), Some(destination)) = (meta.source, meta.destination.clone()) else {
             stream.reset(code::REJECTED);
@@ -413,7 +418,10 @@ impl Inner {
                     // ahead only for a peer with `smb` on).
                     let engine = (meta.hint == smb::HINT).then(|| {
                         let window = if smb { read_ahead } else { 0 };
-                        Engine::far(window, self.smb.clone(), self.relay_buffers.clone())
+                        let mut engine =
+                            Engine::far(window, self.smb.clone(), self.relay_buffers.clone());
+                        engine.splice.set_validity(validity);
+                        engine
                     });
                     let smb = relay::Smb {
                         watch: self.smb_watch(smb, destination.port()),

@@ -131,8 +131,12 @@ struct File {
     session_id: u64,
     tree_id: u32,
     end_of_file: u64,
-    /// Read ahead may serve it (share mode or oplock).
+    /// Read ahead may serve it: its share mode or oplock keeps other writers out, or far
+    /// has a validity window ([`Far::set_validity`]).
     eligible: bool,
+    /// How long near may hold an answer about it, ms: 0 if other writers are kept out,
+    /// the validity window if not.
+    valid_ms: u32,
     /// Read-ahead stopped for good.
     stopped: bool,
     /// The READ predictions copy, once the client has read: header and body.
@@ -211,6 +215,9 @@ impl Outstanding {
 pub struct Far {
     observer: Observer,
     window: u64,
+    /// How long near may hold an answer about a file other clients may write, ms; 0:
+    /// such files are not read ahead.
+    validity_ms: u32,
     window_end: u64,
     /// By server id.
     pending: HashMap<u64, Pending>,
@@ -249,6 +256,7 @@ impl Far {
         Self {
             observer: Observer::new(),
             window,
+            validity_ms: 0,
             window_end: 1,
             pending: HashMap::new(),
             predictions: Outstanding::default(),
@@ -285,6 +293,16 @@ impl Far {
                 if let Some(key) = self.predictions.remove(&message_id) {
                     self.consumed(&key);
                 }
+            }
+            Record::Expired { message_id } => {
+                // Its id is spent at the server, and the client's request for it follows:
+                // a miss, the client's request given a fresh id.
+                if let Some(key) = self.predictions.remove(&message_id) {
+                    self.stats.missed += 1;
+                    self.stats.missed_bytes += u64::from(key.read_length());
+                    self.stats.expired += 1;
+                }
+                self.missed();
             }
             // Only near is told these.
             Record::Announce { .. } | Record::Prefetched { .. } | Record::Withdrawn { .. } => {}
@@ -736,7 +754,8 @@ impl Far {
             return;
         };
         let file_id = FileId::parse(id);
-        let eligible = share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock);
+        let protected = share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock);
+        let eligible = protected || self.validity_ms > 0;
         self.files.insert(
             file_id,
             File {
@@ -744,6 +763,7 @@ impl Far {
                 tree_id,
                 end_of_file: le64(eof, 0),
                 eligible,
+                valid_ms: if protected { 0 } else { self.validity_ms },
                 stopped: false,
                 template: None,
                 next_offset: 0,
@@ -796,6 +816,10 @@ impl Far {
         }
         let mut id = opened.next_id;
         let mut ahead = self.ahead_bytes();
+        let valid_ms = self
+            .files
+            .get(&opened.file_id)
+            .map_or(self.validity_ms, |f| f.valid_ms);
         for (header, query) in script.queries {
             ahead += u64::from(query.output_buffer_length);
             if ahead > self.window {
@@ -813,7 +837,7 @@ impl Far {
             if query.emit(&mut message[HEADER_LEN..]).is_none() {
                 return;
             }
-            let Some(next) = self.predict(request, message) else {
+            let Some(next) = self.predict(request, message, valid_ms) else {
                 return;
             };
             id = next;
@@ -835,9 +859,10 @@ impl Far {
     }
 
     /// Sends the server `message`, a request with `header` (the client's id for it, the
-    /// credits to ask) and its body, as a prediction, and announces it to near; the client
-    /// id after it, or `None` if the ids, the credits or the limits do not allow it.
-    fn predict(&mut self, header: Header, mut message: Vec<u8>) -> Option<u64> {
+    /// credits to ask) and its body, as a prediction, and announces it to near, which may
+    /// hold its answer for `valid_ms` (0: while the prediction stands); the client id after
+    /// it, or `None` if the ids, the credits or the limits do not allow it.
+    fn predict(&mut self, header: Header, mut message: Vec<u8>, valid_ms: u32) -> Option<u64> {
         let id = header.message_id;
         let charge = charge_of(header.credit_charge);
         let server_id = if self.fresh { self.top } else { id };
@@ -866,6 +891,7 @@ impl Far {
         self.to_near.push_back(Record::Announce {
             message_id: id,
             key,
+            valid_ms,
         });
         message[24..32].copy_from_slice(&server_id.to_le_bytes());
         self.to_server.push_back(message);
@@ -965,6 +991,7 @@ impl Far {
             let Some((header, read)) = file.template else {
                 return;
             };
+            let valid_ms = file.valid_ms;
             let rest = file.end_of_file.saturating_sub(file.next_offset);
             if file.stopped
                 || rest == 0
@@ -1003,7 +1030,7 @@ impl Far {
             if read.emit(&mut message[HEADER_LEN..]).is_none() {
                 return;
             }
-            let Some(next_id) = self.predict(request, message) else {
+            let Some(next_id) = self.predict(request, message, valid_ms) else {
                 return;
             };
             ahead += u64::from(length);
@@ -1076,6 +1103,14 @@ impl Far {
     pub fn set_window(&mut self, window: u64) {
         self.window = window;
         self.read_ahead();
+    }
+
+    /// How long near may hold an answer about a file whose share mode lets other clients
+    /// write and that has no oplock granting read caching, ms: such files are read ahead
+    /// too, and near gives the client an answer only within this long of its arrival. 0
+    /// (the start): they are not read ahead. Applies to files opened from now on.
+    pub fn set_validity(&mut self, ms: u32) {
+        self.validity_ms = ms;
     }
 
     /// Whether far may act ahead of the client: the session is judged unsigned and far

@@ -6,11 +6,12 @@
 //! | type | name | from | payload |
 //! |---|---|---|---|
 //! | 0x00 | SMB | either | the frame's SMB2 message(s) |
-//! | 0x01 | ANNOUNCE | far | MessageId (8), the predicted request's [`Key`]: 0 and a READ's [`ReadKey`], or 1 and a QUERY_INFO's [`QueryKey`] |
+//! | 0x01 | ANNOUNCE | far | MessageId (8), the predicted request's [`Key`]: 0 and a READ's [`ReadKey`], or 1 and a QUERY_INFO's [`QueryKey`]; then how long near may hold its answer, ms (4; 0: as long as the prediction stands) |
 //! | 0x02 | PREFETCHED | far | MessageId (8), the server's answer (an SMB2 message) |
 //! | 0x03 | CONSUMED | near | MessageId (8): the client's READ was answered from it |
 //! | 0x04 | OPAQUE | either | none: the rest of this direction is its end's bytes as they came ([`OPAQUE`]) |
 //! | 0x05 | WITHDRAWN | far | MessageId (8): an announced prediction that will not be answered |
+//! | 0x06 | EXPIRED | near | MessageId (8): the prediction's answer was held past its validity and dropped unused; the client's request with that id follows |
 
 use super::{Key, QueryKey, ReadKey};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN};
@@ -26,22 +27,32 @@ const CONSUMED: u8 = 0x03;
 /// SMB2). Handled by [`Splice`](super::Splice), never parsed as a [`Record`].
 pub const OPAQUE: u8 = 0x04;
 const WITHDRAWN: u8 = 0x05;
+const EXPIRED: u8 = 0x06;
 /// The highest record type there is.
-pub(crate) const MAX_RECORD: u8 = WITHDRAWN;
+pub(crate) const MAX_RECORD: u8 = EXPIRED;
 
 /// One record on the stream between the engines.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     /// An SMB frame's payload, relayed.
     Smb(Vec<u8>),
-    /// Far will issue this request with this MessageId; its answer follows.
-    Announce { message_id: u64, key: Key },
+    /// Far will issue this request with this MessageId; its answer follows. Near may give
+    /// the client that answer only within `valid_ms` of its arrival (0: for as long as the
+    /// prediction stands: the file is protected from other writers).
+    Announce {
+        message_id: u64,
+        key: Key,
+        valid_ms: u32,
+    },
     /// The server's answer to an announced READ.
     Prefetched { message_id: u64, answer: Vec<u8> },
     /// The client's READ with this MessageId was answered from the prefetched answer.
     Consumed { message_id: u64 },
     /// Far dropped this announced prediction (a miss spent the ids): no answer follows.
     Withdrawn { message_id: u64 },
+    /// Near dropped this prediction's answer unused, its validity over: the client's request
+    /// with the same id, which follows, is not the prediction's (its id is spent).
+    Expired { message_id: u64 },
 }
 
 /// A record that cannot be read.
@@ -73,24 +84,33 @@ impl Record {
             ANNOUNCE => {
                 let message_id = id(payload)?;
                 let truncated = RecordError::Truncated(kind);
-                let key = match payload.get(8) {
-                    Some(0) => Key::Read(ReadKey::parse(
-                        payload.get(9..9 + KEY_LEN).ok_or(truncated)?,
-                    )),
+                let (key, end) = match payload.get(8) {
+                    Some(0) => (
+                        Key::Read(ReadKey::parse(
+                            payload.get(9..9 + KEY_LEN).ok_or(truncated)?,
+                        )),
+                        9 + KEY_LEN,
+                    ),
                     Some(1) => {
                         let b = payload.get(9..9 + QUERY_KEY_LEN).ok_or(truncated)?;
                         let query = QueryInfoRequest::parse(&b[12..12 + QueryInfoRequest::LEN])
                             .map_err(|_| truncated)?;
-                        Key::Query(QueryKey {
+                        let key = Key::Query(QueryKey {
                             session_id: le64(b, 0),
                             tree_id: le32(b, 8),
                             query,
                             credit_charge: le16(b, 12 + QueryInfoRequest::LEN),
-                        })
+                        });
+                        (key, 9 + QUERY_KEY_LEN)
                     }
                     _ => return Err(truncated),
                 };
-                Ok(Self::Announce { message_id, key })
+                let valid_ms = le32(payload.get(end..end + 4).ok_or(truncated)?, 0);
+                Ok(Self::Announce {
+                    message_id,
+                    key,
+                    valid_ms,
+                })
             }
             PREFETCHED => Ok(Self::Prefetched {
                 message_id: id(payload)?,
@@ -100,6 +120,9 @@ impl Record {
                 message_id: id(payload)?,
             }),
             WITHDRAWN => Ok(Self::Withdrawn {
+                message_id: id(payload)?,
+            }),
+            EXPIRED => Ok(Self::Expired {
                 message_id: id(payload)?,
             }),
             other => Err(RecordError::Type(other)),
@@ -112,13 +135,14 @@ impl Record {
             Self::Smb(p) => (SMB, p.len()),
             Self::Announce {
                 key: Key::Read(_), ..
-            } => (ANNOUNCE, 9 + KEY_LEN),
+            } => (ANNOUNCE, 9 + KEY_LEN + 4),
             Self::Announce {
                 key: Key::Query(_), ..
-            } => (ANNOUNCE, 9 + QUERY_KEY_LEN),
+            } => (ANNOUNCE, 9 + QUERY_KEY_LEN + 4),
             Self::Prefetched { answer, .. } => (PREFETCHED, 8 + answer.len()),
             Self::Consumed { .. } => (CONSUMED, 8),
             Self::Withdrawn { .. } => (WITHDRAWN, 8),
+            Self::Expired { .. } => (EXPIRED, 8),
         };
         if len > MAX_FRAME_LEN {
             return Err(RecordError::TooLong(len));
@@ -127,7 +151,11 @@ impl Record {
         out.extend_from_slice(&[kind, (len >> 16) as u8, (len >> 8) as u8, len as u8]);
         match self {
             Self::Smb(p) => out.extend_from_slice(p),
-            Self::Announce { message_id, key } => {
+            Self::Announce {
+                message_id,
+                key,
+                valid_ms,
+            } => {
                 out.extend_from_slice(&message_id.to_le_bytes());
                 match key {
                     Key::Read(key) => {
@@ -144,12 +172,15 @@ impl Record {
                         out.extend_from_slice(&key.credit_charge.to_le_bytes());
                     }
                 }
+                out.extend_from_slice(&valid_ms.to_le_bytes());
             }
             Self::Prefetched { message_id, answer } => {
                 out.extend_from_slice(&message_id.to_le_bytes());
                 out.extend_from_slice(answer);
             }
-            Self::Consumed { message_id } | Self::Withdrawn { message_id } => {
+            Self::Consumed { message_id }
+            | Self::Withdrawn { message_id }
+            | Self::Expired { message_id } => {
                 out.extend_from_slice(&message_id.to_le_bytes());
             }
         }
@@ -262,18 +293,25 @@ mod tests {
     fn record() -> impl Strategy<Value = Record> {
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..100).prop_map(Record::Smb),
-            (any::<u64>(), key()).prop_map(|(message_id, key)| Record::Announce {
-                message_id,
-                key: Key::Read(key)
+            (any::<u64>(), key(), any::<u32>()).prop_map(|(message_id, key, valid_ms)| {
+                Record::Announce {
+                    message_id,
+                    key: Key::Read(key),
+                    valid_ms,
+                }
             }),
-            (any::<u64>(), query_key()).prop_map(|(message_id, key)| Record::Announce {
-                message_id,
-                key: Key::Query(key)
+            (any::<u64>(), query_key(), any::<u32>()).prop_map(|(message_id, key, valid_ms)| {
+                Record::Announce {
+                    message_id,
+                    key: Key::Query(key),
+                    valid_ms,
+                }
             }),
             (any::<u64>(), prop::collection::vec(any::<u8>(), 0..100))
                 .prop_map(|(message_id, answer)| Record::Prefetched { message_id, answer }),
             any::<u64>().prop_map(|message_id| Record::Consumed { message_id }),
             any::<u64>().prop_map(|message_id| Record::Withdrawn { message_id }),
+            any::<u64>().prop_map(|message_id| Record::Expired { message_id }),
         ]
     }
 

@@ -235,6 +235,9 @@ pub struct EngineStats {
     /// Client READs that crossed their own prediction on the WAN (near had not had its
     /// announcement yet): answered by the prediction, not a miss.
     pub crossed: u64,
+    /// Of the misses, predictions whose answer near held past its validity window (the
+    /// client asked too late): the client's request went to the server after all.
+    pub expired: u64,
 }
 
 #[cfg(test)]

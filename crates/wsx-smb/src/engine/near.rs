@@ -32,6 +32,7 @@ use super::{EngineStats, Key, Record, charge_of, single_request};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
 use crate::wire::messages::{CloseRequest, FileId, file_id_of};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 /// Files near keeps track of at most, for answering their CLOSE (past it, a CLOSE goes the
 /// whole way).
@@ -62,6 +63,18 @@ struct Announced {
     answer: Option<Vec<u8>>,
     /// The client asked for it before the answer came.
     asked: Option<Asked>,
+    /// How long the answer may be held, ms (0: while the prediction stands).
+    valid_ms: u32,
+    /// When a held answer stops being good, if `valid_ms` is not 0 (`None`: near had no
+    /// clock when it came, and will not give it).
+    expires: Option<Instant>,
+}
+
+impl Announced {
+    /// Whether the answer held may still go to the client at `now`.
+    fn valid(&self, now: Option<Instant>) -> bool {
+        self.valid_ms == 0 || now.zip(self.expires).is_some_and(|(now, end)| now < end)
+    }
 }
 
 /// A client request that waits for its prediction's answer.
@@ -118,6 +131,8 @@ pub struct Near {
     /// in a CLOSE it answered), or, below zero, that near granted and the server did not:
     /// settled on the next answer the client gets.
     owed: i64,
+    /// The time, as the gateway last said ([`Near::set_now`]).
+    now: Option<Instant>,
     to_client: VecDeque<Vec<u8>>,
     to_far: VecDeque<Record>,
     stats: EngineStats,
@@ -128,9 +143,26 @@ impl Near {
         Self::default()
     }
 
+    /// The time now: answers held with a validity window ([`Record::Announce`]) are given
+    /// only before it ends, and never if near has not been told the time.
+    pub fn set_now(&mut self, now: Instant) {
+        self.now = Some(now);
+    }
+
     /// A frame's payload from the client.
     pub fn from_client(&mut self, frame: Vec<u8>) {
         let single = single_request(&frame);
+        if let Some((message_id, key)) = single
+            && let Some(a) = self.announced.get(&message_id)
+            && a.key.covers(&key)
+            && a.answer.is_some()
+            && !a.valid(self.now)
+        {
+            // Held too long: the client's request goes to the server, which far is told
+            // first (the prediction spent its id there).
+            self.announced.remove(&message_id);
+            self.to_far.push_back(Record::Expired { message_id });
+        }
         if let Some((message_id, key)) = single
             && let Some(a) = self.announced.get_mut(&message_id)
             && a.key.covers(&key)
@@ -369,7 +401,11 @@ impl Near {
                 }
                 self.give(frame);
             }
-            Record::Announce { message_id, key } => {
+            Record::Announce {
+                message_id,
+                key,
+                valid_ms,
+            } => {
                 self.far_acts = true;
                 let asked = match self.passed.remove(&message_id) {
                     // It crossed the client's request, which far takes as its own.
@@ -388,6 +424,8 @@ impl Near {
                         key,
                         answer: None,
                         asked,
+                        valid_ms,
+                        expires: None,
                     },
                 );
             }
@@ -408,7 +446,12 @@ impl Near {
                                 }
                             }
                         }
-                        None => a.answer = Some(answer),
+                        None => {
+                            a.answer = Some(answer);
+                            a.expires = self
+                                .now
+                                .map(|now| now + Duration::from_millis(u64::from(a.valid_ms)));
+                        }
                     }
                 }
             }
@@ -437,8 +480,8 @@ impl Near {
                     self.to_far.push_back(Record::Smb(frame));
                 }
             }
-            // Only far is told.
-            Record::Consumed { .. } => {}
+            // Only far is told these.
+            Record::Consumed { .. } | Record::Expired { .. } => {}
         }
     }
 

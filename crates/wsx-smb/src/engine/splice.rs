@@ -665,6 +665,21 @@ impl Splice {
         }
     }
 
+    /// The time now ([`Near::set_now`]); nothing at far.
+    pub fn set_now(&mut self, now: std::time::Instant) {
+        if let Half::Near(near) = &mut self.half {
+            near.set_now(now);
+        }
+    }
+
+    /// Far's validity window for files other clients may write ([`Far::set_validity`]);
+    /// nothing at near.
+    pub fn set_validity(&mut self, ms: u32) {
+        if let Half::Far(far) = &mut self.half {
+            far.set_validity(ms);
+        }
+    }
+
     /// Whether far may act ahead of the client ([`Far::may_act`]); never at near.
     pub fn may_act(&self) -> bool {
         matches!(&self.half, Half::Far(far) if far.may_act())

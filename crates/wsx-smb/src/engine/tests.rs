@@ -44,6 +44,19 @@ fn run(
     window: u64,
     tweak: impl FnOnce(&mut Client, &mut Server),
 ) -> Run {
+    run_valid(len, read_len, rtt_ms, window, 0, tweak)
+}
+
+/// [`run`], far reading ahead files others may write with a validity window of
+/// `validity_ms` (0: it does not).
+fn run_valid(
+    len: usize,
+    read_len: u32,
+    rtt_ms: u64,
+    window: u64,
+    validity_ms: u32,
+    tweak: impl FnOnce(&mut Client, &mut Server),
+) -> Run {
     let (mut client, mut server) = parties(len, read_len);
     tweak(&mut client, &mut server);
     // What the client should read: each file's bytes, one after another.
@@ -56,6 +69,9 @@ fn run(
         .collect();
     // The two halves as the gateways run them: byte streams both ways, cut anywhere.
     let (mut near, mut far) = (Splice::near(), Splice::far(window));
+    far.set_validity(validity_ms);
+    #[allow(clippy::disallowed_methods)] // one real instant; virtual time from there
+    let epoch = std::time::Instant::now();
     let (mut to_client, mut to_server) = (Frames::new(), Frames::new());
     let mut cut = window ^ u64::from(read_len);
     // Events by time (µs), in order of scheduling within a time.
@@ -74,6 +90,7 @@ fn run(
     let mut pending_out: VecDeque<(u64, Hop)> = VecDeque::new();
     while let Some(std::cmp::Reverse((now, id))) = queue.pop() {
         let hop = hops.remove(&id).unwrap();
+        near.set_now(epoch + std::time::Duration::from_micros(now));
         match hop {
             Hop::ToNear(bytes) => near.from_end(&bytes).unwrap(),
             Hop::FarToNear(bytes) => near.from_peer(&bytes).unwrap(),
@@ -105,7 +122,8 @@ fn run(
                             .push(format!("answer {id:?} while waiting on {}", client.last_id));
                     }
                     for next in client.answered_all(&frame, now) {
-                        pending_out.push_back((now, Hop::ToNear(framed(&next))));
+                        let at = now + client.think_us;
+                        pending_out.push_back((at, Hop::ToNear(framed(&next))));
                     }
                 }
             }
@@ -344,12 +362,19 @@ proptest::proptest! {
         async_reads in proptest::bool::ANY,
         setup_credits in 2u16..100,
         window in proptest::sample::select(vec![0u64, 65536, 131_072, 196_608, 1 << 20]),
+        (shared, validity_ms, think_ms) in (
+            proptest::bool::ANY,
+            proptest::sample::select(vec![0u32, 20, 1000]),
+            proptest::sample::select(vec![0u64, 10, 30]),
+        ),
     ) {
         // None continues the current run: the next block after the last READ.
         let len = 256 << 10;
-        let run = run(len, read_len, 40, window, |c, s| {
+        let run = run_valid(len, read_len, 40, window, validity_ms, |c, s| {
             s.async_reads = async_reads;
             c.setup_credits = setup_credits;
+            c.share_access = if shared { 3 } else { 1 };
+            c.think_us = think_ms * 1000;
             let mut at = 0u64;
             let mut script = VecDeque::new();
             for op in &ops {
@@ -397,10 +422,17 @@ proptest::proptest! {
         async_reads in proptest::bool::ANY,
         setup_credits in 2u16..100,
         window in proptest::sample::select(vec![0u64, 65536, 196_608, 1 << 20]),
+        (shared, validity_ms, think_ms) in (
+            proptest::bool::ANY,
+            proptest::sample::select(vec![0u32, 20, 1000]),
+            proptest::sample::select(vec![0u64, 10, 30]),
+        ),
     ) {
-        let run = run(300_000, read_len, 40, window, |c, s| {
+        let run = run_valid(300_000, read_len, 40, window, validity_ms, |c, s| {
             s.sizes = sizes.clone();
             s.async_reads = async_reads;
+            c.share_access = if shared { 3 } else { 1 };
+            c.think_us = think_ms * 1000;
             c.files = files;
             c.trim_last = trim_last;
             c.setup_credits = setup_credits;
@@ -615,6 +647,7 @@ fn a_read_shorter_than_its_prediction_gets_the_answer_cut_to_its_length() {
         near.from_far(Record::Announce {
             message_id: 9,
             key: super::Key::Read(super::ReadKey::of(&h, &read(65536))),
+            valid_ms: 0,
         });
         near.from_far(Record::Prefetched {
             message_id: 9,
@@ -634,6 +667,105 @@ fn a_read_shorter_than_its_prediction_gets_the_answer_cut_to_its_length() {
         assert_eq!(got[0x50..], answer[0x50..0x50 + asked as usize]);
         assert_eq!(near.poll_to_far(), Some(Record::Consumed { message_id: 9 }));
     }
+}
+
+/// An answer announced with a validity window is given only within it of its arrival at
+/// near, and never if near has no clock; past it, far is told (EXPIRED) before the
+/// client's request goes on. An answer the client asked for before it came goes at once.
+#[test]
+fn near_gives_an_answer_held_with_a_validity_window_only_within_it() {
+    let h = header(Command::READ, 9, 1, 1);
+    let read = read_at(0, 65536);
+    let request = read_message(&h, &read);
+    let answer = message(
+        &Header {
+            flags: flags::SERVER_TO_REDIR,
+            ..h
+        },
+        &[17, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+    );
+    #[allow(clippy::disallowed_methods)] // one real instant; virtual time from there
+    let t0 = std::time::Instant::now();
+    let ms = std::time::Duration::from_millis;
+    // (clock when the answer came, when the client asked; answered here?)
+    for (came, asked, here) in [
+        (Some(t0), t0 + ms(49), true),
+        (Some(t0), t0 + ms(50), false),
+        (None, t0, false),
+    ] {
+        let mut near = Near::new();
+        near.from_far(Record::Announce {
+            message_id: 9,
+            key: super::Key::Read(super::ReadKey::of(&h, &read)),
+            valid_ms: 50,
+        });
+        if let Some(came) = came {
+            near.set_now(came);
+        }
+        near.from_far(Record::Prefetched {
+            message_id: 9,
+            answer: answer.clone(),
+        });
+        near.set_now(asked);
+        near.from_client(request.clone());
+        if here {
+            assert_eq!(near.poll_to_client(), Some(answer.clone()));
+            assert_eq!(near.poll_to_far(), Some(Record::Consumed { message_id: 9 }));
+        } else {
+            assert_eq!(near.poll_to_client(), None);
+            assert_eq!(near.poll_to_far(), Some(Record::Expired { message_id: 9 }));
+            assert_eq!(near.poll_to_far(), Some(Record::Smb(request.clone())));
+        }
+        assert_eq!(near.held_bytes(), 0);
+    }
+    // Asked first: the answer goes when it comes, however late.
+    let mut near = Near::new();
+    near.set_now(t0);
+    near.from_far(Record::Announce {
+        message_id: 9,
+        key: super::Key::Read(super::ReadKey::of(&h, &read)),
+        valid_ms: 50,
+    });
+    near.from_client(request.clone());
+    near.set_now(t0 + ms(500));
+    near.from_far(Record::Prefetched {
+        message_id: 9,
+        answer: answer.clone(),
+    });
+    assert_eq!(near.poll_to_client(), Some(answer));
+}
+
+/// A file others may write (smbclient opens so, asking no oplock) is read ahead only when
+/// far has a validity window. A client that asks within it is answered at near; one
+/// slower than the window has its READs go to the server, with fresh ids (the
+/// predictions spent theirs), and reads every byte right.
+#[test]
+fn files_others_may_write_are_read_ahead_only_within_the_validity_window() {
+    let shared = |validity_ms, think_us| {
+        run_valid(1 << 20, 64 << 10, 100, 8 << 20, validity_ms, |c, _| {
+            c.share_access = 3;
+            c.think_us = think_us;
+        })
+    };
+    let none = shared(0, 0);
+    check(&none);
+    assert_eq!(none.far.prefetched, 0, "{:?}", none.far);
+    let quick = shared(1000, 0);
+    check(&quick);
+    // 15 READs and the CLOSE.
+    assert_eq!(quick.near.answered_locally, 16, "{:?}", quick.near);
+    assert_eq!(
+        (quick.far.missed, quick.far.expired),
+        (0, 0),
+        "{:?}",
+        quick.far
+    );
+    let slow = shared(30, 50_000);
+    check(&slow);
+    assert_eq!(slow.far.expired, 1, "{:?}", slow.far);
+    assert!(slow.far.remapped >= 14, "{:?}", slow.far);
+    // The CLOSE alone.
+    assert_eq!(slow.near.answered_locally, 1, "{:?}", slow.near);
 }
 
 /// A window smaller than the path holds: far predicts the next READ just as the client,
@@ -682,6 +814,7 @@ fn near_resolves_its_races_with_far_once() {
     let announce = Record::Announce {
         message_id: 5,
         key: super::Key::Read(key),
+        valid_ms: 0,
     };
     let prefetched = Record::Prefetched {
         message_id: 5,
@@ -753,6 +886,7 @@ fn nothing_cuts_into_a_frame_streaming_through() {
         Record::Announce {
             message_id: 9,
             key: super::Key::Read(super::ReadKey::of(&h, &read)),
+            valid_ms: 0,
         },
         Record::Prefetched {
             message_id: 9,
@@ -934,6 +1068,7 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
     near.from_far(Record::Announce {
         message_id: 100,
         key,
+        valid_ms: 0,
     });
     near.from_far(response(
         Command::CLOSE,
@@ -991,6 +1126,7 @@ fn near_answers_a_close_only_when_it_is_safe_and_settles_its_credits() {
         near.from_far(Record::Announce {
             message_id: id,
             key: super::Key::Read(super::ReadKey::of(&h, &read)),
+            valid_ms: 0,
         });
         near.from_client(read_message(&h, &read));
     };
@@ -1252,6 +1388,7 @@ fn nothing_follows_a_frame_cut_by_its_end() {
     Record::Announce {
         message_id: 9,
         key: super::Key::Read(super::ReadKey::of(&h, &read)),
+        valid_ms: 0,
     }
     .emit(&mut announce)
     .unwrap();

@@ -171,6 +171,10 @@ pub(crate) struct Peer {
     /// How far ahead of a client this gateway reads, per session, for the peer's clients.
     #[serde(default = "default_smb_read_ahead_mib")]
     pub(crate) smb_read_ahead_mib: Spanned<u64>,
+    /// How long the peer's gateway may hold what this one read ahead from a file other
+    /// clients may write, ms (0: such files are not read ahead).
+    #[serde(default = "default_smb_validity_ms")]
+    pub(crate) smb_validity_ms: Spanned<u32>,
 }
 
 /// `[[forward]]`: connections to `listen` go through `peer`, whose gateway connects to `to`.
@@ -323,6 +327,8 @@ fn default_rule_priority() -> u32 {
 /// The most an operator may let far read ahead of one SMB client: four times what a
 /// 10 Gbit/s path of 50 ms holds.
 const MAX_SMB_READ_AHEAD_MIB: u64 = 256;
+/// A validity window is short by design: beyond this, use a share mode or an oplock.
+const MAX_SMB_VALIDITY_MS: u32 = 10_000;
 
 fn yes() -> bool {
     true
@@ -332,6 +338,9 @@ fn default_compression_level() -> Spanned<u32> {
 }
 fn default_smb_read_ahead_mib() -> Spanned<u64> {
     Spanned::new(0..0, wsx_proxy::DEFAULT_SMB_READ_AHEAD >> 20)
+}
+fn default_smb_validity_ms() -> Spanned<u32> {
+    Spanned::new(0..0, wsx_proxy::DEFAULT_SMB_VALIDITY_MS)
 }
 fn default_fec_max_overhead() -> Spanned<f64> {
     Spanned::new(
@@ -701,6 +710,15 @@ impl Loaded {
                 ));
             }
             peer.smb_read_ahead = read_ahead << 20;
+            let validity = *p.smb_validity_ms.get_ref();
+            if validity > MAX_SMB_VALIDITY_MS {
+                return Err(self.error(
+                    Some(p.smb_validity_ms.span().start),
+                    format!("peer[{i}].smb_validity_ms"),
+                    format!("0 (protected files only) to {MAX_SMB_VALIDITY_MS}"),
+                ));
+            }
+            peer.smb_validity_ms = validity;
             gateway.peers.push(peer);
         }
         for (i, f) in c.forwards.iter().enumerate() {
@@ -991,6 +1009,16 @@ fec = "off"
         assert_eq!(c.peers[0].smb_read_ahead, 8 << 20);
         let c = parse(&peer("smb_read_ahead_mib = 0")).unwrap();
         assert_eq!(c.peers[0].smb_read_ahead, 0);
+        assert_eq!(c.peers[0].smb_validity_ms, 1000);
+        let c = parse(&peer("smb_validity_ms = 0")).unwrap();
+        assert_eq!(c.peers[0].smb_validity_ms, 0);
+        let e = parse(&peer("smb_validity_ms = 10001"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("peer[0].smb_validity_ms: 0 (protected files only) to 10000"),
+            "{e}"
+        );
         let e = parse(&peer("smb_read_ahead_mib = 257"))
             .unwrap_err()
             .to_string();
