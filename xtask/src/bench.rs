@@ -227,13 +227,14 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     smb_file_mib: Option<usize>,
     /// Instead of bulk transfers, this many SMB files of --smb-file-kib read one after
-    /// another (CREATE, READs, CLOSE) by the one-READ client: files per second.
+    /// another in one session (CREATE, READs, CLOSE) by the one-READ client, or by
+    /// smbclient's `get` with `--smb-client smbclient`: files per second.
     #[arg(long)]
     smb_files: Option<usize>,
     /// The size of each file in --smb-files, KiB.
     #[arg(long, default_value_t = 64)]
     smb_file_kib: usize,
-    /// The client of --smb-file-mib.
+    /// The client of --smb-file-mib and --smb-files.
     #[arg(long, value_enum, default_value = "smbprotocol")]
     smb_client: crate::smb::Client,
     /// The size of each READ of the one-READ client, KiB.
@@ -242,6 +243,10 @@ pub(crate) struct BenchArgs {
     /// The gateways' `smb_read_ahead_mib` in the SMB cases (their default if not given).
     #[arg(long)]
     smb_read_ahead_mib: Option<u32>,
+    /// The gateways' `smb_validity_ms` in the SMB cases with SMB on (their default if not
+    /// given); repeat to run each.
+    #[arg(long)]
+    smb_validity_ms: Vec<u32>,
     /// In the SMB cases, run wsx only with SMB on (by default it runs without, `smb =
     /// false`, and with, each a case).
     #[arg(long)]
@@ -525,8 +530,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         return run_smb(args, args.smb_client, 1, mib << 20);
     }
     if let Some(files) = args.smb_files {
-        let client = crate::smb::Client::Smbprotocol;
-        return run_smb(args, client, files, args.smb_file_kib << 10);
+        return run_smb(args, args.smb_client, files, args.smb_file_kib << 10);
     }
     let cases = cases(args);
     let binary = crate::build_lab_binary()?;
@@ -660,8 +664,25 @@ fn run_smb(
             (true, true) => &[true],
             (true, false) => &[false, true],
         };
+        // With SMB on, each validity window asked for (the gateways' default if none).
+        let validities: Vec<Option<u32>> = if args.smb_validity_ms.is_empty() {
+            vec![None]
+        } else {
+            args.smb_validity_ms.iter().copied().map(Some).collect()
+        };
+        let settings: Vec<(bool, Option<u32>)> = smb
+            .iter()
+            .flat_map(|&smb| {
+                let validities = if smb && mode.is_wsx() {
+                    validities.clone()
+                } else {
+                    vec![None]
+                };
+                validities.into_iter().map(move |v| (smb, v))
+            })
+            .collect();
         for wsx_binary in &wsx_binaries(args, mode) {
-            for &smb in smb {
+            for &(smb, smb_validity_ms) in &settings {
                 cases.push(SmbCase {
                     mode,
                     wan: args.wan.clone(),
@@ -673,6 +694,7 @@ fn run_smb(
                     dialect: args.smb_dialect,
                     gateways: Settings {
                         smb,
+                        smb_validity_ms,
                         ..request_settings(args, fecs(args)[0])
                     },
                     wsx_binary: wsx_binary.clone(),
@@ -696,6 +718,7 @@ fn request_settings(args: &BenchArgs, fec: Fec) -> Settings {
         max_datagram: None,
         smb: true,
         smb_read_ahead_mib: args.smb_read_ahead_mib,
+        smb_validity_ms: None,
     }
 }
 
@@ -749,6 +772,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
             max_datagram: None,
             smb: true,
             smb_read_ahead_mib: None,
+            smb_validity_ms: None,
         },
         veth_mtu: None,
         wsx_binary: None,

@@ -55,6 +55,9 @@ pub(crate) struct Settings {
     /// `smb_read_ahead_mib` on both gateways' peers, if not the default.
     #[serde(default)]
     pub(crate) smb_read_ahead_mib: Option<u32>,
+    /// `smb_validity_ms` on both gateways' peers, if not the default.
+    #[serde(default)]
+    pub(crate) smb_validity_ms: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -71,6 +74,7 @@ impl Default for Settings {
             max_datagram: None,
             smb: true,
             smb_read_ahead_mib: None,
+            smb_validity_ms: None,
         }
     }
 }
@@ -455,7 +459,10 @@ pub(crate) fn config_text(
             .map_or(String::new(), |d| format!("max_datagram = {d}\n"));
     let read_ahead = settings
         .smb_read_ahead_mib
-        .map_or(String::new(), |m| format!("smb_read_ahead_mib = {m}\n"));
+        .map_or(String::new(), |m| format!("smb_read_ahead_mib = {m}\n"))
+        + &settings
+            .smb_validity_ms
+            .map_or(String::new(), |m| format!("smb_validity_ms = {m}\n"));
     format!(
         "[tunnel]\nlisten = \"[::]:4500\"\nprivate_key = \"{}\"\n{max_rate}\n[intercept]\ninterfaces = [\"lan0\"]\n\n\
          [[peer]]\nname = \"peer\"\npublic_key = \"{}\"\nendpoint = \"{endpoint}\"\nprefixes = {remote}\n\

@@ -6,8 +6,9 @@
 //!   `--smb-read-kib` outstanding, the way a file client that waits for each answer does
 //!   (smbprotocol, from a virtual environment under `target/tools`); with `--smb-client
 //!   smbclient`, Samba's own client instead (`get`: several READs outstanding).
-//! - `--smb-files N`: N files of `--smb-file-kib` each, one after another (CREATE, READs,
-//!   CLOSE), by the one-READ client: files per second.
+//! - `--smb-files N`: N files of `--smb-file-kib` each, one after another in one session
+//!   (CREATE, READs, CLOSE), by the one-READ client, or with `--smb-client smbclient` by
+//!   smbclient's `get` (which asks a QUERY_INFO after each CREATE): files per second.
 //!
 //! Modes: direct-cubic and direct-bbr (plain TCP, the namespaces' congestion control set
 //! to it, if the host allows it there) and wsx (both gateways intercepting; Samba and the
@@ -91,6 +92,9 @@ pub(crate) struct SmbRecord {
     /// The gateways ran SMB (`smb` on their peers; wsx mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) smb: Option<bool>,
+    /// The gateways' `smb_validity_ms`, if set for this case (wsx mode with SMB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) smb_validity_ms: Option<u32>,
     /// Requests gw-a answered itself (READs and QUERY_INFOs from what gw-b sent ahead,
     /// CLOSEs), and the predictions gw-b's client did not use (wsx mode with SMB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -231,6 +235,7 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
             .filter(|_| case.gateways.smb)
             .map(|(_, v, _)| v.clone()),
         smb: usage.as_ref().map(|_| case.gateways.smb),
+        smb_validity_ms: case.gateways.smb_validity_ms.filter(|_| case.gateways.smb),
         answered_locally: usage
             .as_ref()
             .filter(|_| case.gateways.smb)
@@ -286,9 +291,11 @@ fn smbprotocol(
     })
 }
 
-/// Reads the one file in `names` with smbclient's `get` (a guest session, never signed),
-/// or with `put` writes a copy of it to the share, timed as smbclient reports the
-/// transfer itself; what was read, or what landed in the share, is hashed.
+/// Reads the files in `names` with smbclient's `get`, one after another in one session
+/// (a guest session, never signed), or with `put` writes a copy of the one file to the
+/// share; what was read, or what landed in the share, is hashed. One file is timed as
+/// smbclient reports the transfer itself; several by the whole session, less the time a
+/// session that only connects takes (measured just before).
 fn smbclient(
     case: &SmbCase,
     lab: &Lab,
@@ -298,12 +305,9 @@ fn smbclient(
     names: &[String],
     put: bool,
 ) -> Result<ClientReport> {
-    let [name] = names else {
-        bail!(
-            "smbclient reads one file (--smb-file-mib), not {}",
-            names.len()
-        );
-    };
+    if put && names.len() != 1 {
+        bail!("smbclient writes one file (--smb-file-mib), not {}", names.len());
+    }
     let protocol = match case.dialect {
         0x0202 => "SMB2_02",
         0x0210 => "SMB2_10",
@@ -313,55 +317,81 @@ fn smbclient(
         other => bail!("no smbclient protocol name for dialect {other:#06x}"),
     };
     let config = samba.client_config(protocol)?;
-    let local = work.join("smbclient.out");
-    let uploaded = samba.share_dir().join(format!("up-{name}"));
+    let out_dir = work.join("smbclient-out");
+    std::fs::create_dir_all(&out_dir)?;
+    let local = |name: &str| out_dir.join(name);
+    let uploaded = |name: &str| samba.share_dir().join(format!("up-{name}"));
     let command = if put {
-        std::fs::copy(samba.share_dir().join(name), &local)?;
-        format!("put {} up-{name}", local.display())
+        let name = &names[0];
+        std::fs::copy(samba.share_dir().join(name), local(name))?;
+        format!("put {} up-{name}", local(name).display())
     } else {
-        format!("get {name} {}", local.display())
+        let gets: Vec<String> = names
+            .iter()
+            .map(|name| format!("get {name} {}", local(name).display()))
+            .collect();
+        gets.join("; ")
     };
-    let started = std::time::Instant::now();
-    let out = Samba::smbclient(
-        lab,
-        Node::Client,
-        &config,
-        &[
-            "//wsx-server/pub",
-            "-I",
-            &server.to_string(),
-            "-p",
-            "445",
-            "-N",
-            "-c",
-            &command,
-        ],
-    )
-    .output()
-    .context("running smbclient")?;
-    let total_s = started.elapsed().as_secs_f64();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        bail!("smbclient failed: {}", text.trim());
+    let session = |command: &str| -> Result<(f64, String)> {
+        let started = std::time::Instant::now();
+        let out = Samba::smbclient(
+            lab,
+            Node::Client,
+            &config,
+            &[
+                "//wsx-server/pub",
+                "-I",
+                &server.to_string(),
+                "-p",
+                "445",
+                "-N",
+                "-c",
+                command,
+            ],
+        )
+        .output()
+        .context("running smbclient")?;
+        let total_s = started.elapsed().as_secs_f64();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            bail!("smbclient failed: {}", text.trim());
+        }
+        Ok((total_s, text))
+    };
+    let connect_s = if names.len() > 1 { session("exit")?.0 } else { 0.0 };
+    let (total_s, text) = session(&command)?;
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut bytes = 0;
+    for name in names {
+        let data = std::fs::read(if put { uploaded(name) } else { local(name) })?;
+        digest.update(&data);
+        bytes += data.len();
     }
-    // "getting file \\NAME of size N as PATH (R KiloBytes/sec) (average ...)", or
-    // "putting file PATH as \\NAME (R kb/s) (average ...)".
-    let rate = text
-        .split("as ")
-        .nth(1)
-        .and_then(|t| t.split('(').nth(1))
-        .and_then(|t| t.split(' ').next())
-        .and_then(|r| r.parse::<f64>().ok())
-        .with_context(|| format!("no rate in smbclient's output: {text}"))?;
-    let data = std::fs::read(if put { &uploaded } else { &local })?;
-    let read_s = data.len() as f64 / (rate * 1024.0);
+    let read_s = if names.len() > 1 {
+        (total_s - connect_s).max(f64::MIN_POSITIVE)
+    } else {
+        // "getting file \\NAME of size N as PATH (R KiloBytes/sec) (average ...)", or
+        // "putting file PATH as \\NAME (R kb/s) (average ...)".
+        let rate = text
+            .split("as ")
+            .nth(1)
+            .and_then(|t| t.split('(').nth(1))
+            .and_then(|t| t.split(' ').next())
+            .and_then(|r| r.parse::<f64>().ok())
+            .with_context(|| format!("no rate in smbclient's output: {text}"))?;
+        bytes as f64 / (rate * 1024.0)
+    };
     Ok(ClientReport {
-        bytes: data.len(),
-        sha256: hex(ring::digest::digest(&ring::digest::SHA256, &data).as_ref()),
-        setup_s: (total_s - read_s).max(0.0),
+        bytes,
+        sha256: hex(digest.finish().as_ref()),
+        setup_s: if names.len() > 1 {
+            connect_s
+        } else {
+            (total_s - read_s).max(0.0)
+        },
         read_s,
-        files: 1,
+        files: names.len(),
         reads: 0,
         reads_s: 0.0,
         slowest_read_s: 0.0,
@@ -433,7 +463,8 @@ impl SmbRecord {
             format!("{} KiB", self.file_bytes >> 10)
         };
         match self.client {
-            Client::Smbclient => format!("{size}, smbclient"),
+            Client::Smbclient if self.files == 1 => format!("{size}, smbclient"),
+            Client::Smbclient => format!("{} × {size}, smbclient", self.files),
             Client::SmbclientPut => format!("{size} written, smbclient"),
             Client::Smbprotocol if self.files == 1 => {
                 format!("{size}, {} KiB READs", self.read_bytes >> 10)
@@ -449,8 +480,9 @@ impl SmbRecord {
 
     /// The system measured: the mode, and for wsx whether SMB was on.
     fn system(&self) -> String {
-        match self.smb {
-            Some(false) => format!("{} (no SMB)", self.mode.label()),
+        match (self.smb, self.smb_validity_ms) {
+            (Some(false), _) => format!("{} (no SMB)", self.mode.label()),
+            (_, Some(ms)) => format!("{} (validity {ms} ms)", self.mode.label()),
             _ => self.mode.label().to_owned(),
         }
     }
