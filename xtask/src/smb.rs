@@ -306,7 +306,10 @@ fn smbclient(
     put: bool,
 ) -> Result<ClientReport> {
     if put && names.len() != 1 {
-        bail!("smbclient writes one file (--smb-file-mib), not {}", names.len());
+        bail!(
+            "smbclient writes one file (--smb-file-mib), not {}",
+            names.len()
+        );
     }
     let protocol = match case.dialect {
         0x0202 => "SMB2_02",
@@ -359,7 +362,11 @@ fn smbclient(
         }
         Ok((total_s, text))
     };
-    let connect_s = if names.len() > 1 { session("exit")?.0 } else { 0.0 };
+    let connect_s = if names.len() > 1 {
+        session("exit")?.0
+    } else {
+        0.0
+    };
     let (total_s, text) = session(&command)?;
     let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
     let mut bytes = 0;
