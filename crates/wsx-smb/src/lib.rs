@@ -19,14 +19,16 @@
 //!   sent after its last CREATE; predicts the next READs of a file read in sequence; all
 //!   with the client's own MessageIds, the answers shipped ahead) and [`engine::Near`] (the
 //!   client's: answers a request that matches a prediction, and a CLOSE where that is
-//!   safe), the records between them ([`engine::link`]), and [`engine::Splice`], which runs
-//!   a half between a session's two byte streams.
+//!   safe; an answer about a file other clients may write only within the validity window
+//!   far gave it), the records between them ([`engine::link`]), and [`engine::Splice`],
+//!   which runs a half between a session's two byte streams.
 //! - `sim` (tests, or the `sim` feature): a simulated client and a strict server, for
 //!   engine tests here and in the gateway.
 //! - [`observe`]: [`Observer`], one per connection, fed the bytes the relay copies: its
 //!   verdict, and its READs ([`ReadStats`]: how many waited a whole round trip alone).
 //!
-//! The crate is pure: no I/O, no clock. The gateway (`wsx-proxy`) feeds the observer and,
+//! The crate is pure: no I/O, no clock (near is told the time, [`engine::Near::set_now`]).
+//! The gateway (`wsx-proxy`) feeds the observer and,
 //! when both gateways run the engine, relays each SMB session through a [`engine::Splice`]
 //! on each side.
 
