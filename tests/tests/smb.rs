@@ -246,10 +246,12 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
     let script = dir.join("smb_read.py");
     std::fs::write(&script, include_str!("../../xtask/src/smb_read.py")).unwrap();
-    // Reads `names` in one session over `ip`; the SHA-256 of all their bytes in order.
-    let read = |ip: std::net::IpAddr, names: &[&str]| -> (String, usize) {
+    // Reads `names` in one session over `ip`, each opened with a CREATE alone or (`--compound`)
+    // compounded with a QUERY_INFO; the SHA-256 of all their bytes in order.
+    let read_as = |open: &str, ip: std::net::IpAddr, names: &[&str]| -> (String, usize) {
         let ip = ip.to_string();
         let mut args = vec![
+            open,
             ip.as_str(),
             "pub",
             "65536",
@@ -258,6 +260,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
             Samba::PASSWORD,
         ];
         args.extend_from_slice(names);
+        args.retain(|a| !a.is_empty());
         let report = python_report(&lab, &python, &script, &args);
         assert_eq!(report["signing"], false, "{report}");
         (
@@ -265,6 +268,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
             report["reads"].as_u64().unwrap() as usize,
         )
     };
+    let read = |ip, names: &[&str]| read_as("", ip, names);
     let hex = |d: Vec<u8>| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
     let (first, second) = (pseudo_random(5_000_000, 51), pseudo_random(1_234_567, 52));
     std::fs::write(samba.share_dir().join("first.bin"), &first).unwrap();
@@ -333,6 +337,24 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     assert_eq!(delta(&far_after, &far, "missed"), 0, "{far_after}");
     assert_eq!(near_after["held_bytes"], 0, "{near_after}");
     assert_eq!(far_after["held_bytes"], 0, "{far_after}");
+
+    // The same files opened as Windows opens them, a CREATE and a QUERY_INFO in one
+    // compound: far opens each ahead from the ids after the compound's, so near answers
+    // the same READs and CLOSEs.
+    let (digest, reads) = read_as("--compound", servers[1], &names);
+    assert_eq!(digest, hex(sha256(&all)));
+    for gw in [&gw_a, &gw_b] {
+        gw.wait_for_count("session closed", 4, Duration::from_secs(10));
+    }
+    let (near_last, far_last) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
+    eprintln!("near (gw-a): {near_last}\nfar (gw-b): {far_last}");
+    let answered = delta(&near_last, &near_after, "answered_locally");
+    assert!(
+        answered >= 30 + 27,
+        "compound opens: {answered} of {reads} READs and 32 CLOSEs: {near_last}"
+    );
+    assert_eq!(delta(&far_last, &far_after, "missed"), 0, "{far_last}");
+    assert_eq!(near_last["held_bytes"], 0, "{near_last}");
 }
 
 /// The client's errors through the gateways are the errors it gets without them: one

@@ -7,8 +7,10 @@
 //!   (smbprotocol, from a virtual environment under `target/tools`); with `--smb-client
 //!   smbclient`, Samba's own client instead (`get`: several READs outstanding).
 //! - `--smb-files N`: N files of `--smb-file-kib` each, one after another in one session
-//!   (CREATE, READs, CLOSE), by the one-READ client, or with `--smb-client smbclient` by
-//!   smbclient's `get` (which asks a QUERY_INFO after each CREATE): files per second.
+//!   (CREATE, READs, CLOSE), by the one-READ client (`--smb-client smbprotocol-compound`:
+//!   each CREATE compounded with a QUERY_INFO, as Windows opens files), or with
+//!   `--smb-client smbclient` by smbclient's `get` (which asks a QUERY_INFO after each
+//!   CREATE): files per second.
 //!
 //! Modes: direct-cubic and direct-bbr (plain TCP, the namespaces' congestion control set
 //! to it, if the host allows it there) and wsx (both gateways intercepting; Samba and the
@@ -34,6 +36,9 @@ pub(crate) const SMBPROTOCOL: &str = "smbprotocol==1.17.0";
 pub(crate) enum Client {
     /// smbprotocol's low-level API: one READ outstanding.
     Smbprotocol,
+    /// The same, each file opened as Windows opens one: CREATE and QUERY_INFO in one
+    /// compound request.
+    SmbprotocolCompound,
     /// Samba's smbclient (`get`): several READs outstanding.
     Smbclient,
     /// Samba's smbclient writing the file (`put`): several WRITEs outstanding.
@@ -190,7 +195,8 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
     drop(file);
     let want = hex(digest.finish().as_ref());
     let report = match case.client {
-        Client::Smbprotocol => smbprotocol(case, &lab, python, &work, server, &names),
+        Client::Smbprotocol => smbprotocol(case, &lab, python, &work, server, &names, false),
+        Client::SmbprotocolCompound => smbprotocol(case, &lab, python, &work, server, &names, true),
         Client::Smbclient => smbclient(case, &lab, &samba, &work, server, &names, false),
         Client::SmbclientPut => smbclient(case, &lab, &samba, &work, server, &names, true),
     };
@@ -252,7 +258,8 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
     })
 }
 
-/// Reads `names` with the one-READ client (smbprotocol).
+/// Reads `names` with the one-READ client (smbprotocol), each file opened by a CREATE
+/// alone or compounded with a QUERY_INFO.
 fn smbprotocol(
     case: &SmbCase,
     lab: &Lab,
@@ -260,12 +267,14 @@ fn smbprotocol(
     work: &Path,
     server: std::net::IpAddr,
     names: &[String],
+    compound: bool,
 ) -> Result<ClientReport> {
     let script = work.join("smb_read.py");
     std::fs::write(&script, include_str!("smb_read.py"))?;
     let out = lab
         .command(Node::Client, python)
         .arg(&script)
+        .args(compound.then_some("--compound"))
         .args([
             &server.to_string(),
             "pub",
@@ -477,6 +486,9 @@ impl SmbRecord {
                 format!("{size}, {} KiB READs", self.read_bytes >> 10)
             }
             Client::Smbprotocol => format!("{} × {size}", self.files),
+            Client::SmbprotocolCompound => {
+                format!("{} × {size}, CREATE+QUERY_INFO compounds", self.files)
+            }
         }
     }
 

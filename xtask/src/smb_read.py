@@ -5,7 +5,11 @@ file after another (CREATE, READs, CLOSE), and prints one JSON line: bytes read,
 SHA-256 of all of them in order, setup and read times, files, READ count, the time spent in
 READs and the slowest READ.
 
-Usage: smb_read.py SERVER SHARE READ_BYTES DIALECT_HEX USER PASSWORD FILE...
+With --compound, each file is opened as Windows opens one: its CREATE and a QUERY_INFO
+(FileStandardInformation) of the handle it makes in one compound request (related
+operations), then READs and CLOSE.
+
+Usage: smb_read.py [--compound] SERVER SHARE READ_BYTES DIALECT_HEX USER PASSWORD FILE...
 """
 
 import hashlib
@@ -23,12 +27,17 @@ from smbprotocol.open import (
     ImpersonationLevel,
     Open,
     ShareAccess,
+    SMB2QueryInfoRequest,
 )
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
 
-server, share, read_bytes, dialect, user, password = sys.argv[1:7]
-names = sys.argv[7:]
+args = sys.argv[1:]
+compound = args[:1] == ["--compound"]
+if compound:
+    args = args[1:]
+server, share, read_bytes, dialect, user, password = args[:6]
+names = args[6:]
 read_bytes = int(read_bytes)
 start = time.monotonic()
 connection = Connection(uuid.uuid4(), server, 445, require_signing=False)
@@ -49,7 +58,7 @@ reading = 0.0
 slowest = 0.0
 for name in names:
     handle = Open(tree, name)
-    handle.create(
+    create = (
         ImpersonationLevel.Impersonation,
         FilePipePrinterAccessMask.GENERIC_READ,
         FileAttributes.FILE_ATTRIBUTE_NORMAL,
@@ -57,6 +66,20 @@ for name in names:
         CreateDisposition.FILE_OPEN,
         CreateOptions.FILE_NON_DIRECTORY_FILE,
     )
+    if compound:
+        request, receive_create = handle.create(*create, send=False)
+        query = SMB2QueryInfoRequest()
+        query["info_type"] = 1  # SMB2_0_INFO_FILE
+        query["file_info_class"] = 5  # FileStandardInformation
+        query["output_buffer_length"] = 24
+        query["file_id"] = b"\xff" * 16  # the handle the CREATE before it makes
+        sent = connection.send_compound(
+            [request, query], session.session_id, tree.tree_connect_id, related=True
+        )
+        receive_create(sent[0])
+        connection.receive(sent[1])
+    else:
+        handle.create(*create)
     size = handle.end_of_file
     offset = 0
     while offset < size:

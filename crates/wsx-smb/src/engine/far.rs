@@ -321,6 +321,10 @@ impl Far {
         let closes = chain
             .iter()
             .any(|(h, _, _)| h.is_response() && h.command == Command::CLOSE);
+        // The client id after the last of the client's requests this frame answers: a
+        // CREATE compounded with what follows (Windows sends CREATE and QUERY_INFO so)
+        // is opened ahead from there.
+        let mut chain_next = 0;
         for (header, at, len) in chain {
             if !header.is_response() {
                 forward = true;
@@ -348,6 +352,8 @@ impl Far {
                     if !interim {
                         self.pending.remove(&header.message_id);
                     }
+                    chain_next =
+                        chain_next.max(client_id.saturating_add(charge_of(header.credit_charge)));
                     if client_id != header.message_id {
                         frame[at + 24..at + 32].copy_from_slice(&client_id.to_le_bytes());
                     }
@@ -375,6 +381,9 @@ impl Far {
                     forward = true;
                 }
             }
+        }
+        if let Some(opened) = &mut self.opened {
+            opened.next_id = opened.next_id.max(chain_next);
         }
         if forward || chain_is_empty {
             self.to_near.push_back(Record::Smb(frame));
