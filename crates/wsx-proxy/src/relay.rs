@@ -223,6 +223,8 @@ where
     // The end's bytes travel toward the server at near (its end is the client).
     let from_client = engine.end_is_client;
     let invalid = |e: wsx_smb::engine::SpliceError| io::Error::new(io::ErrorKind::InvalidData, e);
+    // Wakes the relay when near's next held answer outlives its window, bytes or not.
+    let mut expiry: Option<Pin<Box<tokio::time::Sleep>>> = None;
     poll_fn(|cx| {
         loop {
             let mut progress = false;
@@ -313,6 +315,19 @@ where
                 return Poll::Ready(Ok(()));
             }
             if !progress {
+                if let Some(deadline) = engine.splice.next_deadline() {
+                    // A millisecond late, so that the clock read at the top is past it.
+                    let deadline = tokio::time::Instant::from_std(deadline)
+                        + std::time::Duration::from_millis(1);
+                    let sleep =
+                        expiry.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                    if sleep.deadline() != deadline {
+                        sleep.as_mut().reset(deadline);
+                    }
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        continue;
+                    }
+                }
                 at_end.poll_flushed(cx, &mut *end)?;
                 at_peer.poll_flushed(cx, &mut *peer)?;
                 return Poll::Pending;
@@ -899,6 +914,74 @@ mod tests {
             assert_eq!(stats.held_bytes, 0, "{stats:?}");
             assert_eq!(pool.lent(), 0, "every byte leased came back");
         }
+    }
+
+    /// An answer near holds with a validity window and nobody asks for is dropped when the
+    /// window ends, with no byte from either side to wake the relay: far is told
+    /// (DROPPED) and near's memory comes back.
+    #[tokio::test]
+    async fn a_held_answer_nobody_asks_for_is_dropped_when_its_window_ends() {
+        use crate::smb::{Engine, SmbTotals};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use wsx_smb::engine::link::NO_CLOCK;
+        use wsx_smb::engine::{Key, ReadKey, Record};
+        use wsx_smb::wire::messages::ReadRequest;
+        let buffers = Buffers {
+            from: RelayBuffers::new(1 << 20),
+            size: 64 * 1024,
+        };
+        let totals = Arc::new(SmbTotals::default());
+        let (_app_client, mut client_side) = pair().await;
+        let (mut near_peer, mut far_end) = pair().await;
+        let near_totals = totals.clone();
+        let near = tokio::spawn(async move {
+            let mut engine = Engine::near(near_totals);
+            copy_spliced(
+                &mut client_side,
+                &mut near_peer,
+                &mut engine,
+                &buffers,
+                &mut None,
+            )
+            .await
+        });
+        let h = wsx_smb::sim::header(wsx_smb::wire::header::Command::READ, 9, 1, 1);
+        let read: ReadRequest = wsx_smb::sim::read_at(0, 65536);
+        let mut records = Vec::new();
+        Record::Announce {
+            message_id: 9,
+            key: Key::Read(ReadKey::of(&h, &read)),
+            valid_ms: 50,
+        }
+        .emit(&mut records)
+        .unwrap_or_else(|e| panic!("{e}"));
+        Record::Prefetched {
+            message_id: 9,
+            at: NO_CLOCK,
+            answer: vec![0xab; 5000],
+        }
+        .emit(&mut records)
+        .unwrap_or_else(|e| panic!("{e}"));
+        far_end
+            .write_all(&records)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(totals.snapshot().held_bytes >= 5000, "held while valid");
+        let mut dropped = Vec::new();
+        Record::Dropped { message_id: 9 }
+            .emit(&mut dropped)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut got = vec![0; dropped.len()];
+        tokio::time::timeout(Duration::from_secs(2), far_end.read_exact(&mut got))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, dropped);
+        // The answer's 5,000 bytes are gone; the splice keeps a little room of its own.
+        let held = totals.snapshot().held_bytes;
+        assert!(held < 1024, "{held}");
+        near.abort();
     }
 
     /// Plays a recorded session's two ends: the client sends `requests` and closes, the

@@ -23,14 +23,20 @@
 //!   cannot slide its window past an id never used). A signed message sent with a fresh
 //!   id fails its signature: only a session judged unsigned is read ahead, but one that
 //!   starts signing after a miss (a second, signed logon on the same connection) breaks.
-//!   Until a miss, no id is changed and signed messages pass intact.
+//!   Until a miss, no id is changed and signed messages pass intact. A prediction near
+//!   drops unused (DROPPED: its answer outlived its window, or an oplock break made it
+//!   moot) is a miss too: its id is spent at the server.
 //! - **Credits.** `window_end` is one past the last id the server has granted (1 + every
 //!   CreditResponse). A prediction or a fresh id must fit below it; a client frame that
 //!   needs a fresh id that does not fit waits for the server's next grant.
 //! - **What is read ahead.** A file opened with a share mode that excludes writers or with
-//!   a Level II, exclusive or batch oplock (its end of file from the CREATE answer), one
-//!   file at a time, while the READs predicted and not consumed stay within `window`
-//!   bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
+//!   a Level II, exclusive or batch oplock (its end of file from the CREATE answer), or,
+//!   with a validity window ([`Far::set_validity`]), one others may write: near then gives
+//!   its answers only within the window (each ANNOUNCE says how long), and far keeps no
+//!   more than a kibibyte per millisecond of the window ahead of the client, so that what
+//!   it reads ahead does not queue on its way for longer than the window on paths of 8
+//!   Mbit/s or more. One file at a time, while the READs predicted and not consumed stay
+//!   within `window` bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
 //!   the server, or a READ that is not the predicted one stops it. The same files are
 //!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
@@ -40,6 +46,7 @@
 //!   credits added to the final one, which is made synchronous (the client never saw the
 //!   interim): what near hands the client is what the server would have sent it.
 
+use super::link::NO_CLOCK;
 use super::{EngineStats, Key, Record, charge_of, single_request};
 use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN, frame_header};
@@ -47,6 +54,7 @@ use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, fl
 use crate::wire::messages::{FileId, NegotiateResponse, QueryInfoRequest, ReadRequest, file_id_of};
 use crate::wire::{le32, le64};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Instant;
 
 /// `ShareAccess` bit: other opens may write.
 const FILE_SHARE_WRITE: u32 = 0x2;
@@ -218,6 +226,10 @@ pub struct Far {
     /// How long near may hold an answer about a file other clients may write, ms; 0:
     /// such files are not read ahead.
     validity_ms: u32,
+    /// The time now, as the gateway last said ([`Far::set_now`]), and the first time it
+    /// said: PREFETCHED carries the milliseconds between them.
+    now: Option<Instant>,
+    epoch: Option<Instant>,
     window_end: u64,
     /// By server id.
     pending: HashMap<u64, Pending>,
@@ -257,6 +269,8 @@ impl Far {
             observer: Observer::new(),
             window,
             validity_ms: 0,
+            now: None,
+            epoch: None,
             window_end: 1,
             pending: HashMap::new(),
             predictions: Outstanding::default(),
@@ -294,15 +308,17 @@ impl Far {
                     self.consumed(&key);
                 }
             }
-            Record::Expired { message_id } => {
-                // Its id is spent at the server, and the client's request for it follows:
-                // a miss, the client's request given a fresh id.
+            Record::Dropped { message_id } => {
+                // Its id is spent at the server: a miss, a client request with that id
+                // given a fresh one. One far no longer has was withdrawn by a miss, or its
+                // answer was too long to send, which turned the ids fresh already.
                 if let Some(key) = self.predictions.remove(&message_id) {
                     self.stats.missed += 1;
                     self.stats.missed_bytes += u64::from(key.read_length());
-                    self.stats.expired += 1;
+                    self.missed();
+                } else {
+                    self.fresh = true;
                 }
-                self.missed();
             }
             // Only near is told these.
             Record::Announce { .. } | Record::Prefetched { .. } | Record::Withdrawn { .. } => {}
@@ -829,9 +845,10 @@ impl Far {
             .files
             .get(&opened.file_id)
             .map_or(self.validity_ms, |f| f.valid_ms);
+        let window = self.window_for(valid_ms);
         for (header, query) in script.queries {
             ahead += u64::from(query.output_buffer_length);
-            if ahead > self.window {
+            if ahead > window {
                 return;
             }
             let request = Header {
@@ -935,7 +952,7 @@ impl Far {
             // Missed: its id went to another request. Nothing to give.
             (None, None) => return,
         };
-        if message.len() > MAX_FRAME_LEN - 8 && claimed.is_none() {
+        if message.len() > MAX_FRAME_LEN - 16 && claimed.is_none() {
             // Longer than a record can carry (a server answering more than was asked):
             // withdrawn, so that near sends the client's request, if it holds one, on,
             // with a fresh id (the prediction spent the client's).
@@ -979,6 +996,7 @@ impl Far {
             }
             None => self.to_near.push_back(Record::Prefetched {
                 message_id: client_id,
+                at: self.clock_ms(),
                 answer,
             }),
         }
@@ -1001,6 +1019,7 @@ impl Far {
                 return;
             };
             let valid_ms = file.valid_ms;
+            let window = self.window_for(valid_ms);
             let rest = file.end_of_file.saturating_sub(file.next_offset);
             if file.stopped
                 || rest == 0
@@ -1017,7 +1036,7 @@ impl Far {
             } else {
                 read.length
             };
-            if length == 0 || ahead.saturating_add(u64::from(length)) > self.window {
+            if length == 0 || ahead.saturating_add(u64::from(length)) > window {
                 return;
             }
             let credit_charge = if header.credit_charge == 0 {
@@ -1120,6 +1139,34 @@ impl Far {
     /// (the start): they are not read ahead. Applies to files opened from now on.
     pub fn set_validity(&mut self, ms: u32) {
         self.validity_ms = ms;
+    }
+
+    /// The time now: PREFETCHED records carry it, so that near can tell how long each
+    /// queued on its way.
+    pub fn set_now(&mut self, now: Instant) {
+        self.epoch.get_or_insert(now);
+        self.now = Some(now);
+    }
+
+    /// Far's clock in ms, or [`NO_CLOCK`].
+    fn clock_ms(&self) -> u64 {
+        match (self.now, self.epoch) {
+            (Some(now), Some(epoch)) => {
+                u64::try_from(now.saturating_duration_since(epoch).as_millis()).unwrap_or(NO_CLOCK)
+            }
+            _ => NO_CLOCK,
+        }
+    }
+
+    /// The bytes far may have ahead of the client for a file whose answers near may hold
+    /// `valid_ms` (0: as long as predictions stand): a kibibyte per millisecond of a
+    /// window, within the window far was given.
+    fn window_for(&self, valid_ms: u32) -> u64 {
+        if valid_ms == 0 {
+            self.window
+        } else {
+            self.window.min(u64::from(valid_ms) << 10)
+        }
     }
 
     /// Whether far may act ahead of the client: the session is judged unsigned and far

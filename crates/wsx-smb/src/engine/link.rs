@@ -7,11 +7,11 @@
 //! |---|---|---|---|
 //! | 0x00 | SMB | either | the frame's SMB2 message(s) |
 //! | 0x01 | ANNOUNCE | far | MessageId (8), the predicted request's [`Key`]: 0 and a READ's [`ReadKey`], or 1 and a QUERY_INFO's [`QueryKey`]; then how long near may hold its answer, ms (4; 0: as long as the prediction stands) |
-//! | 0x02 | PREFETCHED | far | MessageId (8), the server's answer (an SMB2 message) |
+//! | 0x02 | PREFETCHED | far | MessageId (8), far's clock when the answer came, ms (8; all ones: far has none), the server's answer (an SMB2 message) |
 //! | 0x03 | CONSUMED | near | MessageId (8): the client's READ was answered from it |
 //! | 0x04 | OPAQUE | either | none: the rest of this direction is its end's bytes as they came ([`OPAQUE`]) |
 //! | 0x05 | WITHDRAWN | far | MessageId (8): an announced prediction that will not be answered |
-//! | 0x06 | EXPIRED | near | MessageId (8): the prediction's answer was held past its validity and dropped unused; the client's request with that id follows |
+//! | 0x06 | DROPPED | near | MessageId (8): near dropped the announced prediction unused (its answer outlived its validity, or an oplock break made it moot); its id is spent at the server |
 
 use super::{Key, QueryKey, ReadKey};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN};
@@ -27,9 +27,11 @@ const CONSUMED: u8 = 0x03;
 /// SMB2). Handled by [`Splice`](super::Splice), never parsed as a [`Record`].
 pub const OPAQUE: u8 = 0x04;
 const WITHDRAWN: u8 = 0x05;
-const EXPIRED: u8 = 0x06;
+const DROPPED: u8 = 0x06;
 /// The highest record type there is.
-pub(crate) const MAX_RECORD: u8 = EXPIRED;
+pub(crate) const MAX_RECORD: u8 = DROPPED;
+/// A PREFETCHED's `at` when far has no clock.
+pub const NO_CLOCK: u64 = u64::MAX;
 
 /// One record on the stream between the engines.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,15 +46,22 @@ pub enum Record {
         key: Key,
         valid_ms: u32,
     },
-    /// The server's answer to an announced READ.
-    Prefetched { message_id: u64, answer: Vec<u8> },
+    /// The server's answer to an announced request, and far's clock when it came (ms from
+    /// a time of far's own; [`NO_CLOCK`] if far has none): near measures from it how long
+    /// the answer queued on its way.
+    Prefetched {
+        message_id: u64,
+        at: u64,
+        answer: Vec<u8>,
+    },
     /// The client's READ with this MessageId was answered from the prefetched answer.
     Consumed { message_id: u64 },
     /// Far dropped this announced prediction (a miss spent the ids): no answer follows.
     Withdrawn { message_id: u64 },
-    /// Near dropped this prediction's answer unused, its validity over: the client's request
-    /// with the same id, which follows, is not the prediction's (its id is spent).
-    Expired { message_id: u64 },
+    /// Near dropped this announced prediction unused (its answer outlived its validity, or
+    /// an oplock break made it moot): a client request with the same id is not the
+    /// prediction's (its id is spent at the server).
+    Dropped { message_id: u64 },
 }
 
 /// A record that cannot be read.
@@ -114,7 +123,8 @@ impl Record {
             }
             PREFETCHED => Ok(Self::Prefetched {
                 message_id: id(payload)?,
-                answer: payload[8..].to_vec(),
+                at: id(payload.get(8..).ok_or(RecordError::Truncated(kind))?)?,
+                answer: payload[16..].to_vec(),
             }),
             CONSUMED => Ok(Self::Consumed {
                 message_id: id(payload)?,
@@ -122,7 +132,7 @@ impl Record {
             WITHDRAWN => Ok(Self::Withdrawn {
                 message_id: id(payload)?,
             }),
-            EXPIRED => Ok(Self::Expired {
+            DROPPED => Ok(Self::Dropped {
                 message_id: id(payload)?,
             }),
             other => Err(RecordError::Type(other)),
@@ -139,10 +149,10 @@ impl Record {
             Self::Announce {
                 key: Key::Query(_), ..
             } => (ANNOUNCE, 9 + QUERY_KEY_LEN + 4),
-            Self::Prefetched { answer, .. } => (PREFETCHED, 8 + answer.len()),
+            Self::Prefetched { answer, .. } => (PREFETCHED, 16 + answer.len()),
             Self::Consumed { .. } => (CONSUMED, 8),
             Self::Withdrawn { .. } => (WITHDRAWN, 8),
-            Self::Expired { .. } => (EXPIRED, 8),
+            Self::Dropped { .. } => (DROPPED, 8),
         };
         if len > MAX_FRAME_LEN {
             return Err(RecordError::TooLong(len));
@@ -174,13 +184,18 @@ impl Record {
                 }
                 out.extend_from_slice(&valid_ms.to_le_bytes());
             }
-            Self::Prefetched { message_id, answer } => {
+            Self::Prefetched {
+                message_id,
+                at,
+                answer,
+            } => {
                 out.extend_from_slice(&message_id.to_le_bytes());
+                out.extend_from_slice(&at.to_le_bytes());
                 out.extend_from_slice(answer);
             }
             Self::Consumed { message_id }
             | Self::Withdrawn { message_id }
-            | Self::Expired { message_id } => {
+            | Self::Dropped { message_id } => {
                 out.extend_from_slice(&message_id.to_le_bytes());
             }
         }
@@ -307,11 +322,19 @@ mod tests {
                     valid_ms,
                 }
             }),
-            (any::<u64>(), prop::collection::vec(any::<u8>(), 0..100))
-                .prop_map(|(message_id, answer)| Record::Prefetched { message_id, answer }),
+            (
+                any::<u64>(),
+                any::<u64>(),
+                prop::collection::vec(any::<u8>(), 0..100)
+            )
+                .prop_map(|(message_id, at, answer)| Record::Prefetched {
+                    message_id,
+                    at,
+                    answer
+                }),
             any::<u64>().prop_map(|message_id| Record::Consumed { message_id }),
             any::<u64>().prop_map(|message_id| Record::Withdrawn { message_id }),
-            any::<u64>().prop_map(|message_id| Record::Expired { message_id }),
+            any::<u64>().prop_map(|message_id| Record::Dropped { message_id }),
         ]
     }
 

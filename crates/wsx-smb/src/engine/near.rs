@@ -7,7 +7,12 @@
 //! Any other request that uses an announced MessageId ends that prediction (far will see
 //! the same id and give the request a fresh one), and a request that may change a file
 //! (WRITE, SET_INFO, FLUSH, LOCK, IOCTL, CLOSE) or an oplock break ends them all (their
-//! data may be stale), except those the client already asked for and waits on. A CANCEL
+//! data may be stale), except those the client already asked for and waits on; far is
+//! told of each (DROPPED: its id is spent). An answer far announced with a validity window
+//! is given only within it: near counts from when the answer came, less the time it
+//! queued on its way (how much longer it took to cross than the quickest answer of the
+//! session, by far's clock in PREFETCHED), and drops it, telling far, once the window is
+//! over. A CANCEL
 //! consumes no id; one for a request that waits here is not passed on (a cancel is
 //! advisory: the request is answered when its answer comes).
 //!
@@ -55,6 +60,14 @@ fn tree_of(header: &Header) -> u32 {
     }
 }
 
+/// The sooner of two times, either of which may be absent.
+fn soonest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        _ => a.or(b),
+    }
+}
+
 /// A prediction far announced.
 #[derive(Debug)]
 struct Announced {
@@ -66,7 +79,8 @@ struct Announced {
     /// How long the answer may be held, ms (0: while the prediction stands).
     valid_ms: u32,
     /// When a held answer stops being good, if `valid_ms` is not 0 (`None`: near had no
-    /// clock when it came, and will not give it).
+    /// clock when it came, and will not give it): its window from when it came, less what
+    /// it queued on its way.
     expires: Option<Instant>,
 }
 
@@ -131,8 +145,14 @@ pub struct Near {
     /// in a CLOSE it answered), or, below zero, that near granted and the server did not:
     /// settled on the next answer the client gets.
     owed: i64,
-    /// The time, as the gateway last said ([`Near::set_now`]).
+    /// The time, as the gateway last said ([`Near::set_now`]), and the first time it said.
     now: Option<Instant>,
+    epoch: Option<Instant>,
+    /// The least, over the PREFETCHED records so far, of near's clock when one came less
+    /// far's when it left (ms): the crossing with no queue, plus the clocks' offset.
+    base: Option<i128>,
+    /// The soonest a held answer's window ends.
+    next_expiry: Option<Instant>,
     to_client: VecDeque<Vec<u8>>,
     to_far: VecDeque<Record>,
     stats: EngineStats,
@@ -144,9 +164,58 @@ impl Near {
     }
 
     /// The time now: answers held with a validity window ([`Record::Announce`]) are given
-    /// only before it ends, and never if near has not been told the time.
+    /// only before it ends, and never if near has not been told the time. Those whose
+    /// window has ended are dropped, far told.
     pub fn set_now(&mut self, now: Instant) {
+        self.epoch.get_or_insert(now);
         self.now = Some(now);
+        if self.next_expiry.is_some_and(|end| end <= now) {
+            self.expire();
+        }
+    }
+
+    /// When the next held answer's window ends, if one is held with a window: the gateway
+    /// calls [`Self::set_now`] then, so that a session no one reads from gives back what
+    /// it holds.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.next_expiry
+    }
+
+    /// Drops the held answers whose window has ended, telling far.
+    fn expire(&mut self) {
+        let now = self.now;
+        let mut ended = Vec::new();
+        self.next_expiry = None;
+        for (&id, a) in &self.announced {
+            if a.answer.is_some() && !a.valid(now) {
+                ended.push(id);
+            } else if a.answer.is_some() && a.valid_ms != 0 {
+                self.next_expiry = soonest(self.next_expiry, a.expires);
+            }
+        }
+        for message_id in ended {
+            self.announced.remove(&message_id);
+            self.stats.expired += 1;
+            self.to_far.push_back(Record::Dropped { message_id });
+        }
+    }
+
+    /// Near's clock in ms since it was first told the time.
+    fn clock_ms(&self) -> Option<i128> {
+        let (now, epoch) = (self.now?, self.epoch?);
+        Some(now.saturating_duration_since(epoch).as_millis() as i128)
+    }
+
+    /// How long an answer far stamped `at` (its clock) queued on its way, ms: how much
+    /// longer it took to cross than the quickest answer of the session.
+    fn queued_ms(&mut self, at: u64) -> u64 {
+        let (Some(here), false) = (self.clock_ms(), at == super::link::NO_CLOCK) else {
+            return 0;
+        };
+        let crossing = here - i128::from(at);
+        let base = *self.base.get_or_insert(crossing);
+        self.base = Some(base.min(crossing));
+        u64::try_from(crossing - base.min(crossing)).unwrap_or(u64::MAX)
     }
 
     /// A frame's payload from the client.
@@ -161,7 +230,8 @@ impl Near {
             // Held too long: the client's request goes to the server, which far is told
             // first (the prediction spent its id there).
             self.announced.remove(&message_id);
-            self.to_far.push_back(Record::Expired { message_id });
+            self.stats.expired += 1;
+            self.to_far.push_back(Record::Dropped { message_id });
         }
         if let Some((message_id, key)) = single
             && let Some(a) = self.announced.get_mut(&message_id)
@@ -429,7 +499,12 @@ impl Near {
                     },
                 );
             }
-            Record::Prefetched { message_id, answer } => {
+            Record::Prefetched {
+                message_id,
+                at,
+                answer,
+            } => {
+                let queued = self.queued_ms(at);
                 if let Some(a) = self.announced.get_mut(&message_id) {
                     match a.asked.take() {
                         Some(asked) => {
@@ -448,9 +523,11 @@ impl Near {
                         }
                         None => {
                             a.answer = Some(answer);
-                            a.expires = self
-                                .now
-                                .map(|now| now + Duration::from_millis(u64::from(a.valid_ms)));
+                            if a.valid_ms != 0 {
+                                let left = u64::from(a.valid_ms).saturating_sub(queued);
+                                a.expires = self.now.map(|now| now + Duration::from_millis(left));
+                                self.next_expiry = soonest(self.next_expiry, a.expires);
+                            }
                         }
                     }
                 }
@@ -481,7 +558,7 @@ impl Near {
                 }
             }
             // Only far is told these.
-            Record::Consumed { .. } | Record::Expired { .. } => {}
+            Record::Consumed { .. } | Record::Dropped { .. } => {}
         }
     }
 
@@ -516,9 +593,17 @@ impl Near {
         }
     }
 
-    /// Ends every prediction the client has not asked for yet.
+    /// Ends every prediction the client has not asked for yet, telling far: a client
+    /// request with one's id is not the prediction's.
     fn drop_unasked(&mut self) {
-        self.announced.retain(|_, a| a.asked.is_some());
+        let to_far = &mut self.to_far;
+        self.announced.retain(|&message_id, a| {
+            let keep = a.asked.is_some();
+            if !keep {
+                to_far.push_back(Record::Dropped { message_id });
+            }
+            keep
+        });
     }
 
     /// Answers the client's request `message_id`, which asked `asked`, with `answer`, the

@@ -665,10 +665,22 @@ impl Splice {
         }
     }
 
-    /// The time now ([`Near::set_now`]); nothing at far.
+    /// The time now ([`Near::set_now`], [`Far::set_now`]): what near drops for it goes to
+    /// far.
     pub fn set_now(&mut self, now: std::time::Instant) {
-        if let Half::Near(near) = &mut self.half {
-            near.set_now(now);
+        match &mut self.half {
+            Half::Near(near) => near.set_now(now),
+            Half::Far(far) => far.set_now(now),
+        }
+        self.drain();
+    }
+
+    /// When near next drops an answer whose window ends ([`Near::next_expiry`]): the
+    /// caller tells the splice the time then, whether bytes come or not. Never at far.
+    pub fn next_deadline(&self) -> Option<std::time::Instant> {
+        match &self.half {
+            Half::Near(near) => near.next_expiry(),
+            Half::Far(_) => None,
         }
     }
 
@@ -706,7 +718,7 @@ impl Splice {
 /// than was asked could).
 fn emit(record: &Record, out: &mut Outbox) -> bool {
     let len = match record {
-        Record::Smb(p) | Record::Prefetched { answer: p, .. } => p.len() + 8,
+        Record::Smb(p) | Record::Prefetched { answer: p, .. } => p.len() + 16,
         _ => 64,
     };
     let bytes = out.reserve(FRAME_HEADER_LEN + len);
