@@ -2,7 +2,9 @@
 //! bytes from the client, the server, or a peer gateway that is not one, cut anywhere, with
 //! ends at any point; what one half sends the other reads, as on the tunnel stream.
 //! Nothing may panic; an error ends the session (a fresh pair goes on). Each step is a
-//! kind byte, a length byte and that many bytes (up to 255).
+//! kind byte, a length byte and that many bytes (up to 255); one kind moves both halves'
+//! clock on by the length in ms (far reads ahead files others may write, with a 200 ms
+//! validity window, so held answers expire and are dropped).
 
 #![no_main]
 
@@ -10,14 +12,22 @@ use libfuzzer_sys::fuzz_target;
 use wsx_smb::engine::Splice;
 
 fuzz_target!(|data: &[u8]| {
-    let fresh = || (Splice::near(), Splice::far(1 << 20));
-    let (mut near, mut far) = fresh();
+    let epoch = std::time::Instant::now();
+    let mut now = epoch;
+    let fresh = |now| {
+        let (mut near, mut far) = (Splice::near(), Splice::far(1 << 20));
+        far.set_validity(200);
+        near.set_now(now);
+        far.set_now(now);
+        (near, far)
+    };
+    let (mut near, mut far) = fresh(now);
     let mut rest = data;
     while let [kind, len, tail @ ..] = rest {
         let len = usize::from(*len).min(tail.len());
         let (bytes, tail) = tail.split_at(len);
         rest = tail;
-        let result = match kind % 6 {
+        let result = match kind % 7 {
             0 => near.from_end(bytes),
             1 => far.from_end(bytes),
             2 => near.from_peer(bytes),
@@ -27,7 +37,14 @@ fuzz_target!(|data: &[u8]| {
                 far.end_finished();
                 Ok(())
             }
-            _ => near.peer_finished().and_then(|()| far.peer_finished()),
+            5 => near.peer_finished().and_then(|()| far.peer_finished()),
+            _ => {
+                now += std::time::Duration::from_millis(len as u64);
+                near.set_now(now);
+                far.set_now(now);
+                let _ = near.next_deadline();
+                Ok(())
+            }
         };
         // The stream between them, both ways, and the ends take everything.
         let result = result.and_then(|()| {
@@ -42,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
         far.end_written(far.to_end().len());
         let _ = (near.held(), far.held(), near.stats(), far.held_for_end());
         if result.is_err() {
-            (near, far) = fresh();
+            (near, far) = fresh(now);
         }
     }
 });

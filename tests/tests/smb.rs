@@ -85,6 +85,17 @@ fn gateways_with_api(lab: &wsx_lab::Lab, dir: &Path) -> (Daemon, Daemon) {
     (gw_a, gw_b)
 }
 
+/// Once both gateways have closed `sessions` sessions, `status.smb` of each: near's
+/// (gw-a) and far's (gw-b).
+fn engines_after(lab: &wsx_lab::Lab, gateways: [&Daemon; 2], sessions: usize) -> (Value, Value) {
+    for gw in gateways {
+        gw.wait_for_count("session closed", sessions, Duration::from_secs(10));
+    }
+    let (near, far) = (smb_status(lab, Node::GwA), smb_status(lab, Node::GwB));
+    eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
+    (near, far)
+}
+
 /// `status.smb` from `node`'s API.
 fn smb_status(lab: &wsx_lab::Lab, node: Node) -> Value {
     let (status, body) =
@@ -281,11 +292,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     let (digest, _) = read(servers[1], &["first.bin"]);
     assert_eq!(digest, hex(sha256(&changed)));
 
-    for gw in [&gw_a, &gw_b] {
-        gw.wait_for_count("session closed", 2, Duration::from_secs(10));
-    }
-    let (near, far) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
-    eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
+    let (near, far) = engines_after(&lab, [&gw_a, &gw_b], 2);
     assert_eq!(near["engine_sessions"], 2, "{near}");
     assert_eq!(far["engine_sessions"], 2, "{far}");
     assert_eq!(near["unsigned"], 2, "{near}");
@@ -319,11 +326,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let (digest, reads) = read(servers[0], &names);
     assert_eq!(digest, hex(sha256(&all)));
-    for gw in [&gw_a, &gw_b] {
-        gw.wait_for_count("session closed", 3, Duration::from_secs(10));
-    }
-    let (near_after, far_after) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
-    eprintln!("near (gw-a): {near_after}\nfar (gw-b): {far_after}");
+    let (near_after, far_after) = engines_after(&lab, [&gw_a, &gw_b], 3);
     let delta = |after: &Value, before: &Value, key: &str| {
         after[key].as_u64().unwrap() - before[key].as_u64().unwrap()
     };
@@ -343,11 +346,7 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     // the same READs and CLOSEs.
     let (digest, reads) = read_as("--compound", servers[1], &names);
     assert_eq!(digest, hex(sha256(&all)));
-    for gw in [&gw_a, &gw_b] {
-        gw.wait_for_count("session closed", 4, Duration::from_secs(10));
-    }
-    let (near_last, far_last) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
-    eprintln!("near (gw-a): {near_last}\nfar (gw-b): {far_last}");
+    let (near_last, far_last) = engines_after(&lab, [&gw_a, &gw_b], 4);
     let answered = delta(&near_last, &near_after, "answered_locally");
     assert!(
         answered >= 30 + 27,
@@ -406,11 +405,7 @@ fn a_client_gets_the_same_errors_through_the_gateways_as_without() {
         through, without,
         "the same reads and errors through the gateways"
     );
-    for gw in [&gw_a, &gw_b] {
-        gw.wait_for_count("session closed", 1, Duration::from_secs(10));
-    }
-    let (near, far) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
-    eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
+    let (near, far) = engines_after(&lab, [&gw_a, &gw_b], 1);
     // The session was the engine's: far opened files ahead and near answered from it.
     assert_eq!(near["engine_sessions"], 1, "{near}");
     assert!(far["prefetched"].as_u64().unwrap() > 0, "{far}");
@@ -456,11 +451,7 @@ fn smbclient_s_files_are_opened_ahead_within_the_validity_window() {
             "{name}"
         );
     }
-    for gw in [&gw_a, &gw_b] {
-        gw.wait_for_count("session closed", 1, Duration::from_secs(10));
-    }
-    let (near, far) = (smb_status(&lab, Node::GwA), smb_status(&lab, Node::GwB));
-    eprintln!("near (gw-a): {near}\nfar (gw-b): {far}");
+    let (near, far) = engines_after(&lab, [&gw_a, &gw_b], 1);
     assert_eq!(near["unsigned"], 1, "{near}");
     let answered = near["answered_locally"].as_u64().unwrap();
     // Of the 23 files after the first: every QUERY_INFO and CLOSE, and the first READ of
