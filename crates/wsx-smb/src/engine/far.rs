@@ -47,7 +47,7 @@
 //!   interim): what near hands the client is what the server would have sent it.
 
 use super::link::NO_CLOCK;
-use super::{EngineStats, Key, Record, charge_of, single_request};
+use super::{Clock, EngineStats, Key, Record, charge_of, single_request};
 use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
@@ -226,10 +226,8 @@ pub struct Far {
     /// How long near may hold an answer about a file other clients may write, ms; 0:
     /// such files are not read ahead.
     validity_ms: u32,
-    /// The time now, as the gateway last said ([`Far::set_now`]), and the first time it
-    /// said: PREFETCHED carries the milliseconds between them.
-    now: Option<Instant>,
-    epoch: Option<Instant>,
+    /// The time, as the gateway says ([`Far::set_now`]): PREFETCHED carries it.
+    clock: Clock,
     window_end: u64,
     /// By server id.
     pending: HashMap<u64, Pending>,
@@ -269,8 +267,7 @@ impl Far {
             observer: Observer::new(),
             window,
             validity_ms: 0,
-            now: None,
-            epoch: None,
+            clock: Clock::default(),
             window_end: 1,
             pending: HashMap::new(),
             predictions: Outstanding::default(),
@@ -996,7 +993,7 @@ impl Far {
             }
             None => self.to_near.push_back(Record::Prefetched {
                 message_id: client_id,
-                at: self.clock_ms(),
+                at: self.clock.ms().unwrap_or(NO_CLOCK),
                 answer,
             }),
         }
@@ -1144,18 +1141,7 @@ impl Far {
     /// The time now: PREFETCHED records carry it, so that near can tell how long each
     /// queued on its way.
     pub fn set_now(&mut self, now: Instant) {
-        self.epoch.get_or_insert(now);
-        self.now = Some(now);
-    }
-
-    /// Far's clock in ms, or [`NO_CLOCK`].
-    fn clock_ms(&self) -> u64 {
-        match (self.now, self.epoch) {
-            (Some(now), Some(epoch)) => {
-                u64::try_from(now.saturating_duration_since(epoch).as_millis()).unwrap_or(NO_CLOCK)
-            }
-            _ => NO_CLOCK,
-        }
+        self.clock.set(now);
     }
 
     /// The bytes far may have ahead of the client for a file whose answers near may hold

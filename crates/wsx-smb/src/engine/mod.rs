@@ -212,6 +212,26 @@ fn cut(answer: &mut Vec<u8>, length: u32) {
     }
 }
 
+/// A half's clock: the time the gateway last gave it, and the first time it gave.
+#[derive(Debug, Default, Clone, Copy)]
+struct Clock {
+    now: Option<std::time::Instant>,
+    epoch: Option<std::time::Instant>,
+}
+
+impl Clock {
+    fn set(&mut self, now: std::time::Instant) {
+        self.epoch.get_or_insert(now);
+        self.now = Some(now);
+    }
+
+    /// Milliseconds from the first time given to the last, if any was.
+    fn ms(&self) -> Option<u64> {
+        let (now, epoch) = (self.now?, self.epoch?);
+        u64::try_from(now.saturating_duration_since(epoch).as_millis()).ok()
+    }
+}
+
 /// Credits a request of `charge` consumes: a CreditCharge of 0 (SMB 2.0.2) counts one.
 fn charge_of(credit_charge: u16) -> u64 {
     u64::from(credit_charge.max(1))

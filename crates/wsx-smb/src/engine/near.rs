@@ -33,7 +33,7 @@
 //! prediction far withdraws (a miss spent its id) that the client waits on here has the
 //! client's request passed on to far after all.
 
-use super::{EngineStats, Key, Record, charge_of, single_request};
+use super::{Clock, EngineStats, Key, Record, charge_of, single_request};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
 use crate::wire::messages::{CloseRequest, FileId, file_id_of};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -145,9 +145,8 @@ pub struct Near {
     /// in a CLOSE it answered), or, below zero, that near granted and the server did not:
     /// settled on the next answer the client gets.
     owed: i64,
-    /// The time, as the gateway last said ([`Near::set_now`]), and the first time it said.
-    now: Option<Instant>,
-    epoch: Option<Instant>,
+    /// The time, as the gateway says ([`Near::set_now`]).
+    clock: Clock,
     /// The least, over the PREFETCHED records so far, of near's clock when one came less
     /// far's when it left (ms): the crossing with no queue, plus the clocks' offset.
     base: Option<i128>,
@@ -167,8 +166,7 @@ impl Near {
     /// only before it ends, and never if near has not been told the time. Those whose
     /// window has ended are dropped, far told.
     pub fn set_now(&mut self, now: Instant) {
-        self.epoch.get_or_insert(now);
-        self.now = Some(now);
+        self.clock.set(now);
         if self.next_expiry.is_some_and(|end| end <= now) {
             self.expire();
         }
@@ -183,7 +181,7 @@ impl Near {
 
     /// Drops the held answers whose window has ended, telling far.
     fn expire(&mut self) {
-        let now = self.now;
+        let now = self.clock.now;
         let mut ended = Vec::new();
         self.next_expiry = None;
         for (&id, a) in &self.announced {
@@ -200,22 +198,16 @@ impl Near {
         }
     }
 
-    /// Near's clock in ms since it was first told the time.
-    fn clock_ms(&self) -> Option<i128> {
-        let (now, epoch) = (self.now?, self.epoch?);
-        Some(now.saturating_duration_since(epoch).as_millis() as i128)
-    }
-
     /// How long an answer far stamped `at` (its clock) queued on its way, ms: how much
     /// longer it took to cross than the quickest answer of the session.
     fn queued_ms(&mut self, at: u64) -> u64 {
-        let (Some(here), false) = (self.clock_ms(), at == super::link::NO_CLOCK) else {
+        let (Some(here), false) = (self.clock.ms(), at == super::link::NO_CLOCK) else {
             return 0;
         };
-        let crossing = here - i128::from(at);
-        let base = *self.base.get_or_insert(crossing);
-        self.base = Some(base.min(crossing));
-        u64::try_from(crossing - base.min(crossing)).unwrap_or(u64::MAX)
+        let crossing = i128::from(here) - i128::from(at);
+        let base = self.base.map_or(crossing, |base| base.min(crossing));
+        self.base = Some(base);
+        u64::try_from(crossing - base).unwrap_or(u64::MAX)
     }
 
     /// A frame's payload from the client.
@@ -225,7 +217,7 @@ impl Near {
             && let Some(a) = self.announced.get(&message_id)
             && a.key.covers(&key)
             && a.answer.is_some()
-            && !a.valid(self.now)
+            && !a.valid(self.clock.now)
         {
             // Held too long: the client's request goes to the server, which far is told
             // first (the prediction spent its id there).
@@ -525,7 +517,8 @@ impl Near {
                             a.answer = Some(answer);
                             if a.valid_ms != 0 {
                                 let left = u64::from(a.valid_ms).saturating_sub(queued);
-                                a.expires = self.now.map(|now| now + Duration::from_millis(left));
+                                a.expires =
+                                    self.clock.now.map(|now| now + Duration::from_millis(left));
                                 self.next_expiry = soonest(self.next_expiry, a.expires);
                             }
                         }
