@@ -24,8 +24,9 @@
 //!   id fails its signature: only a session judged unsigned is read ahead, but one that
 //!   starts signing after a miss (a second, signed logon on the same connection) breaks.
 //!   Until a miss, no id is changed and signed messages pass intact. A prediction near
-//!   drops unused (DROPPED: its answer outlived its window, or an oplock break made it
-//!   moot) is a miss too: its id is spent at the server.
+//!   drops unused (DROPPED: its answer outlived its window, an oplock break or a request
+//!   that may change a file made it moot, or the client went past its id) is a miss too:
+//!   its id is spent at the server.
 //! - **Credits.** `window_end` is one past the last id the server has granted (1 + every
 //!   CreditResponse). A prediction or a fresh id must fit below it; a client frame that
 //!   needs a fresh id that does not fit waits for the server's next grant.
@@ -36,7 +37,7 @@
 //!   more than a kibibyte per millisecond of the window ahead of the client, so that what
 //!   it reads ahead does not queue on its way for longer than the window on paths of 8
 //!   Mbit/s or more. One file at a time, while the READs predicted and not consumed stay
-//!   within `window` bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK or CLOSE from the client, an oplock break from
+//!   within `window` bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an oplock break from
 //!   the server, or a READ that is not the predicted one stops it. The same files are
 //!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is

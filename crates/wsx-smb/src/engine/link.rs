@@ -11,7 +11,7 @@
 //! | 0x03 | CONSUMED | near | MessageId (8): the client's READ was answered from it |
 //! | 0x04 | OPAQUE | either | none: the rest of this direction is its end's bytes as they came ([`OPAQUE`]) |
 //! | 0x05 | WITHDRAWN | far | MessageId (8): an announced prediction that will not be answered |
-//! | 0x06 | DROPPED | near | MessageId (8): near dropped the announced prediction unused (its answer outlived its validity, or an oplock break made it moot); its id is spent at the server |
+//! | 0x06 | DROPPED | near | MessageId (8): near dropped the announced prediction unused (its answer outlived its validity; an oplock break or a request that may change a file made it moot; the client went past its id); its id is spent at the server |
 
 use super::{Key, QueryKey, ReadKey};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN};

@@ -270,9 +270,7 @@ impl Near {
                 }
             }
         }
-        let next = self.client_next;
-        self.announced
-            .retain(|&id, a| a.asked.is_some() || id >= next);
+        self.drop_passed();
         if let Some((message_id, key)) = single {
             self.passed.insert(message_id, key);
         }
@@ -346,9 +344,7 @@ impl Near {
             return false;
         }
         self.note(&header, &start[HEADER_LEN..]);
-        let next = self.client_next;
-        self.announced
-            .retain(|&id, a| a.asked.is_some() || id >= next);
+        self.drop_passed();
         true
     }
 
@@ -477,7 +473,12 @@ impl Near {
                     }),
                     // The client used the id otherwise: too late to serve.
                     Some(_) => return,
-                    None if message_id < self.client_next => return,
+                    None if message_id < self.client_next => {
+                        // Far will see the client's request on that id, or, if the client
+                        // went past it, must not take one that comes later as its own.
+                        self.to_far.push_back(Record::Dropped { message_id });
+                        return;
+                    }
                     None => None,
                 };
                 self.announced.insert(
@@ -499,6 +500,16 @@ impl Near {
                 let queued = self.queued_ms(at);
                 if let Some(a) = self.announced.get_mut(&message_id) {
                     match a.asked.take() {
+                        Some(Asked {
+                            frame: Some(frame), ..
+                        }) if a.valid_ms != 0 && queued >= u64::from(a.valid_ms) => {
+                            // It queued past its window on its way: the waiting request
+                            // goes to the server after all, far told first.
+                            self.announced.remove(&message_id);
+                            self.stats.expired += 1;
+                            self.to_far.push_back(Record::Dropped { message_id });
+                            self.pass_held(frame);
+                        }
                         Some(asked) => {
                             let crossed = asked.frame.is_none();
                             self.announced.remove(&message_id);
@@ -537,17 +548,7 @@ impl Near {
                     ..
                 }) = self.announced.remove(&message_id)
                 {
-                    // The client waits here: its request goes to the server after all, and
-                    // is outstanding on its file until answered.
-                    if let Some((id, key)) = single_request(&frame) {
-                        self.passed.insert(id, key);
-                        let open = (key_session(&frame), key.file_id());
-                        if let Some(o) = self.opens.get_mut(&open) {
-                            o.busy += 1;
-                            self.on_file.insert(id, open);
-                        }
-                    }
-                    self.to_far.push_back(Record::Smb(frame));
+                    self.pass_held(frame);
                 }
             }
             // Only far is told these.
@@ -577,6 +578,20 @@ impl Near {
         true
     }
 
+    /// A client request that waited here for its prediction's answer goes to the server
+    /// after all, and is outstanding on its file until answered.
+    fn pass_held(&mut self, frame: Vec<u8>) {
+        if let Some((id, key)) = single_request(&frame) {
+            self.passed.insert(id, key);
+            let open = (key_session(&frame), key.file_id());
+            if let Some(o) = self.opens.get_mut(&open) {
+                o.busy += 1;
+                self.on_file.insert(id, open);
+            }
+        }
+        self.to_far.push_back(Record::Smb(frame));
+    }
+
     /// The final answer to the client's request `id` came.
     fn finished(&mut self, id: u64) {
         if let Some(key) = self.on_file.remove(&id)
@@ -589,13 +604,25 @@ impl Near {
     /// Ends every prediction the client has not asked for yet, telling far: a client
     /// request with one's id is not the prediction's.
     fn drop_unasked(&mut self) {
+        self.drop_where(|_| true);
+    }
+
+    /// Ends the predictions the client went past without asking (ids below the highest it
+    /// has used), telling far.
+    fn drop_passed(&mut self) {
+        let next = self.client_next;
+        self.drop_where(|id| id < next);
+    }
+
+    /// Ends the unasked predictions whose id `ends`, telling far of each (DROPPED).
+    fn drop_where(&mut self, ends: impl Fn(u64) -> bool) {
         let to_far = &mut self.to_far;
         self.announced.retain(|&message_id, a| {
-            let keep = a.asked.is_some();
-            if !keep {
+            let end = a.asked.is_none() && ends(message_id);
+            if end {
                 to_far.push_back(Record::Dropped { message_id });
             }
-            keep
+            !end
         });
     }
 

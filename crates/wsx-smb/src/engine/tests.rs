@@ -762,6 +762,73 @@ fn near_gives_an_answer_held_with_a_validity_window_only_within_it() {
     assert_eq!(near.next_expiry(), None);
 }
 
+/// A request that waits at near for its answer gets it only if the answer did not queue
+/// past its window on the way; if it did, the request goes to the server after all, far
+/// told first. Predictions the client went past without asking (ids out of order), and
+/// announcements of ids it has already used, are dropped with far told too: a request
+/// on such an id later must not be taken as the prediction's.
+#[test]
+fn near_tells_far_of_every_prediction_it_ends_unused() {
+    let read = |id| {
+        let h = header(Command::READ, id, 1, 1);
+        let read = read_at(0, 65536);
+        (
+            Record::Announce {
+                message_id: id,
+                key: super::Key::Read(super::ReadKey::of(&h, &read)),
+                valid_ms: 50,
+            },
+            read_message(&h, &read),
+        )
+    };
+    let answer = |id, at| Record::Prefetched {
+        message_id: id,
+        at,
+        answer: message(
+            &Header {
+                flags: flags::SERVER_TO_REDIR,
+                ..header(Command::READ, id, 1, 1)
+            },
+            &[17, 0, 0x50, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ),
+    };
+    #[allow(clippy::disallowed_methods)] // one real instant; virtual time from there
+    let t0 = std::time::Instant::now();
+    let ms = std::time::Duration::from_millis;
+    let mut near = Near::new();
+    near.set_now(t0);
+    // The quickest crossing: sent at 0, in at 10.
+    let (announce, _) = read(8);
+    near.from_far(announce);
+    near.set_now(t0 + ms(10));
+    near.from_far(answer(8, 0));
+    // The client asks 9 before its answer, which left far at 20 and comes at 90: 60 ms
+    // queued, past its 50.
+    let (announce, request) = read(9);
+    near.from_far(announce);
+    near.from_client(request.clone());
+    assert_eq!(near.poll_to_far(), None, "the request waits for its answer");
+    near.set_now(t0 + ms(90));
+    // 8, held since 10 and never asked for, ended at 60.
+    assert_eq!(near.poll_to_far(), Some(Record::Dropped { message_id: 8 }));
+    near.from_far(answer(9, 20));
+    assert_eq!(near.poll_to_client(), None);
+    assert_eq!(near.poll_to_far(), Some(Record::Dropped { message_id: 9 }));
+    assert_eq!(near.poll_to_far(), Some(Record::Smb(request)));
+    // 11 announced; the client sends 12 before it: 11 is dropped, far told, and so is an
+    // announcement of 10 that comes after.
+    let (announce, _) = read(11);
+    near.from_far(announce);
+    let echo = message(&header(Command::ECHO, 12, 1, 1), &[4, 0, 0, 0]);
+    near.from_client(echo.clone());
+    assert_eq!(near.poll_to_far(), Some(Record::Dropped { message_id: 11 }));
+    assert_eq!(near.poll_to_far(), Some(Record::Smb(echo)));
+    let (announce, _) = read(10);
+    near.from_far(announce);
+    assert_eq!(near.poll_to_far(), Some(Record::Dropped { message_id: 10 }));
+    assert_eq!(near.poll_to_far(), None);
+}
+
 /// An oplock break ends every prediction the client has not asked for, and far is told
 /// of each: the client's next READ on such an id must reach the server (far takes it as a
 /// miss, not as the prediction's, whose answer near no longer has).
