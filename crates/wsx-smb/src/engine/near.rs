@@ -192,10 +192,16 @@ impl Near {
             }
         }
         for message_id in ended {
-            self.announced.remove(&message_id);
-            self.stats.expired += 1;
-            self.to_far.push_back(Record::Dropped { message_id });
+            self.end_expired(message_id);
         }
+    }
+
+    /// Ends the prediction `message_id`, its answer past its window: far is told (its id
+    /// is spent at the server).
+    fn end_expired(&mut self, message_id: u64) {
+        self.announced.remove(&message_id);
+        self.stats.expired += 1;
+        self.to_far.push_back(Record::Dropped { message_id });
     }
 
     /// How long an answer far stamped `at` (its clock) queued on its way, ms: how much
@@ -221,9 +227,7 @@ impl Near {
         {
             // Held too long: the client's request goes to the server, which far is told
             // first (the prediction spent its id there).
-            self.announced.remove(&message_id);
-            self.stats.expired += 1;
-            self.to_far.push_back(Record::Dropped { message_id });
+            self.end_expired(message_id);
         }
         if let Some((message_id, key)) = single
             && let Some(a) = self.announced.get_mut(&message_id)
@@ -505,9 +509,7 @@ impl Near {
                         }) if a.valid_ms != 0 && queued >= u64::from(a.valid_ms) => {
                             // It queued past its window on its way: the waiting request
                             // goes to the server after all, far told first.
-                            self.announced.remove(&message_id);
-                            self.stats.expired += 1;
-                            self.to_far.push_back(Record::Dropped { message_id });
+                            self.end_expired(message_id);
                             self.pass_held(frame);
                         }
                         Some(asked) => {
