@@ -28,6 +28,11 @@
 //! so the tail of an answer is not held back; and the first data after a quiet spell wakes it
 //! at once, so a request that arrives alone is not delayed.
 //!
+//! Receive moderation: the same datagrams would also wake the I/O task one at a time, each
+//! wake-up a context switch. While they stream in, the task stops watching the socket for
+//! a hold (RTT/64, at most 1 ms) after each receive and takes what came meanwhile in one
+//! batch; see [`Moderation`] and, for how the socket is watched, `socket::Watched`.
+//!
 //! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
 //! timerfd until then (see `timer.rs` for why not tokio's timer).
@@ -57,7 +62,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
-use tokio::net::UdpSocket;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -65,6 +69,10 @@ use tracing::Instrument;
 /// Receive calls made per wake-up before the task turns to sending: acknowledgements must
 /// not wait behind a long burst of arrivals.
 const RECEIVE_CALLS_PER_ROUND: usize = 16;
+
+/// The longest an arriving datagram waits while the driver takes arrivals in batches (see
+/// [`Moderation`]). A connection whose smoothed RTT is under 64 ms allows RTT/64.
+const MAX_RECEIVE_HOLD: Duration = Duration::from_millis(1);
 
 /// Transmits taken from one connection per round, so that one busy connection cannot starve
 /// the others of the socket. A paced connection yields far fewer (one burst per pacing
@@ -149,7 +157,6 @@ impl Driver {
     pub fn from_socket(socket: std::net::UdpSocket, config: EndpointConfig) -> io::Result<Self> {
         socket.set_nonblocking(true)?;
         let state = UdpSocketState::new((&socket).into())?;
-        let socket = UdpSocket::from_std(socket)?;
         let local_addr = socket.local_addr()?;
         let endpoint = Endpoint::new(config);
         let (accepted, incoming) = mpsc::unbounded_channel();
@@ -176,8 +183,10 @@ impl Driver {
             max_burst,
             ipv6_socket: local_addr.is_ipv6(),
             shared: shared.clone(),
-            socket,
+            socket: socket::Watched::new(socket)?,
             state,
+            moderation: Moderation::default(),
+            undrained: false,
             timer: timer::Timer::new()?,
             connections: HashMap::new(),
             accepted,
@@ -689,8 +698,12 @@ fn send_limits(shared: &Shared) -> (usize, usize) {
 /// The I/O task's own state.
 struct Io {
     shared: Arc<Shared>,
-    socket: UdpSocket,
+    socket: socket::Watched,
     state: UdpSocketState,
+    moderation: Moderation,
+    /// The last receive stopped before the socket was empty (see
+    /// [`RECEIVE_CALLS_PER_ROUND`]): the next round receives without waiting.
+    undrained: bool,
     ipv6_socket: bool,
     timer: timer::Timer,
     connections: HashMap<ConnectionHandle, Entry>,
@@ -712,6 +725,9 @@ struct Io {
 
 struct Entry {
     link: Arc<Link>,
+    /// How long its arrivals may be held (see [`Moderation`]), from its RTT when last
+    /// serviced.
+    hold: Duration,
     /// The connection's `poll_timeout` when last looked at.
     timeout: Option<Instant>,
     /// When its first deferred stream reader is due.
@@ -745,7 +761,11 @@ impl Io {
             if let Some(close_by) = close_by {
                 self.close_delivered(now, now >= close_by);
             }
-            self.service(now);
+            if self.moderation.is_over(now) || std::mem::take(&mut self.undrained) {
+                self.receive(now);
+            }
+            let hold = self.service(now);
+            self.moderation.hold = hold;
             if let Some(close_by) = close_by {
                 if self.connections.is_empty() || now >= close_by + SHUTDOWN_GRACE {
                     break;
@@ -755,24 +775,42 @@ impl Io {
             let flush_ends = close_by.filter(|&t| t > now);
             match deadlines
                 .flat_map(|e| [e.timeout, e.wake_readers_at])
-                .chain([flush_ends])
+                .chain([flush_ends, self.moderation.until])
                 .flatten()
                 .min()
             {
                 Some(deadline) => self.timer.arm(deadline, now),
                 None => self.timer.disarm(),
             }
+            if self.undrained {
+                // More waits in the socket: take it next round, after the other tasks.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            match self
+                .socket
+                .watch(!self.moderation.is_holding(), self.write_blocked)
+            {
+                Ok(false) => {}
+                Ok(true) => {
+                    // Already there, and not to be reported: take it now.
+                    self.write_blocked = false;
+                    self.receive(self::now());
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "tunnel socket failed; stopping");
+                    break;
+                }
+            }
             tokio::select! {
                 biased;
-                ready = self.socket.readable() => match ready {
-                    Ok(()) => self.receive(),
-                    Err(e) => {
-                        tracing::error!(error = %e, "tunnel socket failed; stopping");
-                        break;
+                ready = self.socket.ready() => match ready {
+                    Ok(()) => {
+                        // Room to send, or arrivals: either way a parked transmit may try again.
+                        self.write_blocked = false;
+                        self.receive(self::now());
                     }
-                },
-                ready = self.socket.writable(), if self.write_blocked => match ready {
-                    Ok(()) => self.write_blocked = false,
                     Err(e) => {
                         tracing::error!(error = %e, "tunnel socket failed; stopping");
                         break;
@@ -809,6 +847,7 @@ impl Io {
             link.handle,
             Entry {
                 link,
+                hold: Duration::ZERO,
                 timeout: None,
                 wake_readers_at: None,
                 received: false,
@@ -834,30 +873,39 @@ impl Io {
         }
     }
 
-    /// Reads what the socket has and hands each datagram to the endpoint and its connection.
-    fn receive(&mut self) {
-        let now = now();
+    /// Reads what the socket has and hands each datagram to the endpoint and its connection;
+    /// then tells the moderation what it found.
+    fn receive(&mut self, now: Instant) {
+        let mut datagrams = 0;
+        let mut drained = false;
         for _ in 0..RECEIVE_CALLS_PER_ROUND {
-            let filled = match self.recv.receive(&self.socket, &self.state) {
+            let filled = match self.recv.receive(self.socket.socket(), &self.state) {
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    // ICMP errors reported on the socket and the like: not fatal.
-                    tracing::debug!(error = %e, "receive failed");
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    drained = true;
                     break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // ICMP errors reported on the socket and the like: not fatal, and
+                    // more may wait behind them.
+                    tracing::debug!(error = %e, "receive failed");
+                    continue;
                 }
             };
             self.shared
                 .stats
                 .receive_calls
                 .fetch_add(1, Ordering::Relaxed);
-            self.route(now, filled);
+            datagrams += self.route(now, filled);
             self.deliver(now);
         }
+        self.undrained = !drained;
+        self.moderation.received(now, datagrams);
     }
 
-    /// Asks the endpoint where each received datagram goes.
-    fn route(&mut self, now: Instant, filled: usize) {
+    /// Asks the endpoint where each received datagram goes; returns how many there were.
+    fn route(&mut self, now: Instant, filled: usize) -> u64 {
         self.routes.clear();
         let mut new = Vec::new();
         let mut count = 0;
@@ -889,6 +937,7 @@ impl Io {
         for (handle, connection, replaces) in new {
             self.accept(handle, *connection, replaces, now);
         }
+        count
     }
 
     fn accept(
@@ -938,20 +987,22 @@ impl Io {
     /// Runs due timers and sends what every connection that needs it has to send. Nothing
     /// here waits: a connection whose transmit finds the socket full parks it and the others
     /// are served all the same; receiving goes on, and the parked transmits leave first once
-    /// the socket has room.
-    fn service(&mut self, now: Instant) {
+    /// the socket has room. Returns the longest hold every connection allows its arrivals.
+    fn service(&mut self, now: Instant) -> Duration {
         let mut drained = Vec::new();
         // The core builds as many datagrams as the buffer it is given holds; quinn-udp
         // lowers its GSO limit to 1 if the network device turns GSO down.
         let segments = self.state.max_gso_segments().clamp(1, self.max_burst);
         let mut out = Out {
-            socket: &self.socket,
+            socket: self.socket.socket(),
             state: &self.state,
             shared: &self.shared,
             buf: &mut self.send[..segments * self.max_datagram],
             ipv6_socket: self.ipv6_socket,
         };
+        let mut hold = MAX_RECEIVE_HOLD;
         for entry in self.connections.values_mut() {
+            hold = hold.min(entry.hold);
             let marked = entry.link.marked.swap(false, Ordering::AcqRel);
             let due = entry.timeout.is_some_and(|t| t <= now);
             let readers_due = entry.wake_readers_at.is_some_and(|t| t <= now);
@@ -980,6 +1031,12 @@ impl Io {
             state.dispatch_events(now);
             entry.timeout = state.connection.poll_timeout();
             entry.wake_readers_at = state.wake_readers_at;
+            let rtt = state.connection.rtt();
+            entry.hold = if rtt.has_sample() {
+                (rtt.smoothed() / 64).min(MAX_RECEIVE_HOLD)
+            } else {
+                Duration::ZERO
+            };
             if state.connection.is_drained() {
                 drained.push((entry.link.handle, state.connection.path_hint()));
             }
@@ -991,12 +1048,59 @@ impl Io {
                 self.connections.remove(&handle);
             }
         }
+        hold
+    }
+}
+
+/// Receive moderation. Paced datagrams arrive one at a time (every 120 µs at 100 Mbit/s),
+/// and each would wake the process: an epoll wake-up, a context switch, a round of the I/O
+/// task and two receive calls per datagram. While datagrams stream in, the driver stops
+/// watching the socket for a *hold* after each receive and then takes what came in the
+/// meantime in one batch.
+///
+/// A receive that found two or more datagrams, or that followed the last one that found
+/// any by less than a hold, starts a hold; a hold that ends with fewer than two waiting
+/// ends the moderation, so the first datagram after a quiet spell (a request) is taken at
+/// once. No datagram waits longer than a hold: 1/64 of the shortest smoothed RTT among the
+/// connections, at most [`MAX_RECEIVE_HOLD`]; none before a connection has an RTT sample.
+/// Pure: times are passed in.
+#[derive(Debug, Default)]
+struct Moderation {
+    /// The longest hold the connections allow; zero holds nothing.
+    hold: Duration,
+    /// When the last receive that found datagrams was made.
+    last: Option<Instant>,
+    /// While holding: the socket is not watched for arrivals until then.
+    until: Option<Instant>,
+}
+
+impl Moderation {
+    /// A receive at `now` found `datagrams`.
+    fn received(&mut self, now: Instant, datagrams: u64) {
+        let streaming = datagrams >= 2
+            || (datagrams == 1
+                && self
+                    .last
+                    .is_some_and(|t| now.saturating_duration_since(t) < self.hold));
+        if datagrams > 0 {
+            self.last = Some(now);
+        }
+        self.until = (streaming && !self.hold.is_zero()).then(|| now + self.hold);
+    }
+
+    fn is_holding(&self) -> bool {
+        self.until.is_some()
+    }
+
+    /// Whether a hold has come to its end: time to take what arrived.
+    fn is_over(&self, now: Instant) -> bool {
+        self.until.is_some_and(|t| t <= now)
     }
 }
 
 /// What sending needs of the I/O task, borrowed beside its table of connections.
 struct Out<'a> {
-    socket: &'a UdpSocket,
+    socket: &'a std::net::UdpSocket,
     state: &'a UdpSocketState,
     shared: &'a Shared,
     /// The GSO buffer, as many datagrams long as the device takes in one send.

@@ -1,13 +1,15 @@
-//! The UDP socket: creation, buffer sizes, and batched sends and receives through quinn-udp
-//! (GSO: one `sendmsg` per pacing burst; GRO and `recvmmsg`: many datagrams per `recvmsg`).
+//! The UDP socket: creation, buffer sizes, how the driver waits on it, and batched sends
+//! and receives through quinn-udp (GSO: one `sendmsg` per pacing burst; GRO and `recvmmsg`:
+//! many datagrams per `recvmsg`).
 
 use quinn_udp::{RecvMeta, UdpSocketState};
+use rustix::event::epoll;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, IoSliceMut};
-use std::net::{SocketAddr, SocketAddrV6};
-use std::os::fd::AsRawFd;
+use std::net::{SocketAddr, SocketAddrV6, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd};
 use tokio::io::Interest;
-use tokio::net::UdpSocket;
+use tokio::io::unix::AsyncFd;
 
 /// Kernel buffer asked for in each direction. A 1 Gbit/s tunnel receives 1.25 MB every
 /// 10 ms; the buffer absorbs the time the driver task is busy elsewhere (or descheduled)
@@ -19,7 +21,7 @@ pub const SOCKET_BUFFER: usize = 8 << 20;
 pub(super) const MAX_RECEIVE_DATAGRAM: usize = crate::config::MAX_DATAGRAM as usize;
 
 /// A bound, non-blocking UDP socket. An unspecified IPv6 address accepts IPv4 as well.
-pub(super) fn bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+pub(super) fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() && addr.ip().is_unspecified() {
         socket.set_only_v6(false)?;
@@ -32,7 +34,7 @@ pub(super) fn bind(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
 /// Sets both kernel buffers to `bytes`. Above `net.core.{r,w}mem_max` the kernel silently
 /// caps the size unless the process has `CAP_NET_ADMIN` and uses the `*BUFFORCE` options, so
 /// those are tried first; a smaller result is logged with the sysctl to raise.
-pub(super) fn set_buffers(socket: &std::net::UdpSocket, bytes: usize) {
+pub(super) fn set_buffers(socket: &UdpSocket, bytes: usize) {
     type Set = fn(&socket2::SockRef<'_>, usize) -> io::Result<()>;
     type Get = fn(&socket2::SockRef<'_>) -> io::Result<usize>;
     let sock = socket2::SockRef::from(socket);
@@ -64,7 +66,7 @@ pub(super) fn set_buffers(socket: &std::net::UdpSocket, bytes: usize) {
     }
 }
 
-fn set_forced(socket: &std::net::UdpSocket, option: libc::c_int, bytes: usize) -> io::Result<()> {
+fn set_forced(socket: &UdpSocket, option: libc::c_int, bytes: usize) -> io::Result<()> {
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
     // SAFETY: the descriptor is open for the borrow of `socket`, and `value` is a c_int that
     // outlives the call, whose size is passed with it.
@@ -101,6 +103,88 @@ pub(super) fn for_socket(addr: SocketAddr, ipv6_socket: bool) -> SocketAddr {
     }
 }
 
+/// The tunnel's socket and the epoll set that watches it for the driver.
+///
+/// tokio's reactor is edge-triggered, and each datagram that arrives on a socket registered
+/// with it wakes a thread parked in it, whether a task waits or not: at 100 Mbit/s that is
+/// a wake-up every 120 µs. To take arrivals in batches the driver must stop listening for a
+/// while, which a tokio registration cannot do. So the socket sits, level-triggered, in an
+/// epoll set of its own, and only that set is registered with tokio; [`Watched::watch`]
+/// changes what the set reports (one `epoll_ctl` when it changes). A socket left unwatched
+/// wakes nobody; watched again with datagrams waiting, it reports them at once.
+#[derive(Debug)]
+pub(super) struct Watched {
+    socket: UdpSocket,
+    epoll: AsyncFd<OwnedFd>,
+    /// What the set reports: (arrivals, room to send).
+    watching: (bool, bool),
+}
+
+impl Watched {
+    /// Watches `socket` (non-blocking) for arrivals. Needs a tokio runtime.
+    pub(super) fn new(socket: UdpSocket) -> io::Result<Self> {
+        let set = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+        epoll::add(
+            &set,
+            &socket,
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        )?;
+        // SAFETY: the `AsyncFd` owns the set's descriptor, which stays open until it is
+        // dropped.
+        let epoll = unsafe { AsyncFd::register_with_interest(set, Interest::READABLE) }?;
+        Ok(Self {
+            socket,
+            epoll,
+            watching: (true, false),
+        })
+    }
+
+    pub(super) fn socket(&self) -> &UdpSocket {
+        &self.socket
+    }
+
+    /// Reports arrivals (`read`) and room to send (`write`) from now on, or not. Returns
+    /// whether something now watched for is already there, which will not be reported:
+    /// the caller receives or sends before it waits.
+    ///
+    /// (The kernel reports what a change of the set finds ready only when the socket was
+    /// not still listed as ready from an earlier report, which nothing here clears: so the
+    /// set is asked, without waiting, which also clears a stale listing.)
+    pub(super) fn watch(&mut self, read: bool, write: bool) -> io::Result<bool> {
+        if self.watching == (read, write) {
+            return Ok(false);
+        }
+        let mut flags = epoll::EventFlags::empty();
+        flags.set(epoll::EventFlags::IN, read);
+        flags.set(epoll::EventFlags::OUT, write);
+        let set = self.epoll.get_ref();
+        epoll::modify(set, &self.socket, epoll::EventData::new_u64(0), flags)?;
+        self.watching = (read, write);
+        if flags.is_empty() {
+            return Ok(false);
+        }
+        let mut events = [epoll::Event {
+            flags: epoll::EventFlags::empty(),
+            data: epoll::EventData::new_u64(0),
+        }];
+        let now = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        Ok(epoll::wait(set, &mut events, Some(&now))? > 0)
+    }
+
+    /// Completes once the socket has what is watched for, and takes the report: the caller
+    /// then receives (or sends) until the socket would block, or comes back without
+    /// waiting, since a report is not repeated for what was already there.
+    pub(super) async fn ready(&self) -> io::Result<()> {
+        let mut guard = self.epoll.readable().await?;
+        guard.clear_ready();
+        Ok(())
+    }
+}
+
 /// Receive buffers for one `recvmmsg` call: [`quinn_udp::BATCH_SIZE`] slots, each large
 /// enough for a GRO batch.
 #[derive(Debug)]
@@ -128,12 +212,10 @@ impl RecvBuffers {
         socket: &UdpSocket,
         state: &UdpSocketState,
     ) -> io::Result<usize> {
-        socket.try_io(Interest::READABLE, || {
-            let mut chunks = self.data.chunks_mut(self.slot).map(IoSliceMut::new);
-            let mut slices: [IoSliceMut<'_>; quinn_udp::BATCH_SIZE] =
-                std::array::from_fn(|_| chunks.next().expect("BATCH_SIZE slots were allocated"));
-            state.recv(socket.into(), &mut slices, &mut self.meta)
-        })
+        let mut chunks = self.data.chunks_mut(self.slot).map(IoSliceMut::new);
+        let mut slices: [IoSliceMut<'_>; quinn_udp::BATCH_SIZE] =
+            std::array::from_fn(|_| chunks.next().expect("BATCH_SIZE slots were allocated"));
+        state.recv(socket.into(), &mut slices, &mut self.meta)
     }
 
     /// Slot `i`'s received bytes, as datagrams: `(offset, len)` pairs within
@@ -187,8 +269,7 @@ impl Outcome {
 }
 
 /// Sends `contents` (several datagrams of `segment_size` when given) if the socket takes
-/// them now. Never waits: a full buffer is [`Outcome::Blocked`], and clears the socket's write
-/// readiness so that `writable()` waits for room.
+/// them now. Never waits: a full buffer is [`Outcome::Blocked`] (watch the socket for room).
 /// Datagrams marked with a DSCP (`dscp` above 0) go through [`send_marked`]: quinn-udp sets
 /// the TOS byte of every send to its ECN field alone.
 pub(super) fn try_send(
@@ -206,13 +287,12 @@ pub(super) fn try_send(
         src_ip: None,
     };
     loop {
-        match socket.try_io(Interest::WRITABLE, || {
-            if dscp == 0 {
-                state.try_send(socket.into(), &transmit)
-            } else {
-                send_marked(socket, &transmit, dscp)
-            }
-        }) {
+        let sent = if dscp == 0 {
+            state.try_send(socket.into(), &transmit)
+        } else {
+            send_marked(socket, &transmit, dscp)
+        };
+        match sent {
             Ok(()) => return Outcome::Sent,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Outcome::Blocked,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -325,8 +405,8 @@ mod tests {
 
     /// Marked bursts leave with their DSCP in every datagram, on each family, cut by GSO
     /// where the socket has it; unmarked ones with none.
-    #[tokio::test]
-    async fn a_burst_leaves_with_its_dscp() {
+    #[test]
+    fn a_burst_leaves_with_its_dscp() {
         for local in ["127.0.0.1:0", "[::1]:0"] {
             let Ok(receiver) = std::net::UdpSocket::bind(local) else {
                 eprintln!("skipped {local}: no such address here");
@@ -350,17 +430,13 @@ mod tests {
                 )
             };
             assert_eq!(rc, 0, "{}", io::Error::last_os_error());
-            let sender = UdpSocket::from_std(
-                bind(local.parse().unwrap_or_else(|e| panic!("{e}")))
-                    .unwrap_or_else(|e| panic!("{e}")),
-            )
-            .unwrap_or_else(|e| panic!("{e}"));
+            let sender = bind(local.parse().unwrap_or_else(|e| panic!("{e}")))
+                .unwrap_or_else(|e| panic!("{e}"));
             let state = UdpSocketState::new((&sender).into()).unwrap_or_else(|e| panic!("{e}"));
             let segments = state.max_gso_segments().min(3);
             let contents = vec![5u8; 1200 * segments];
             for dscp in [46u8, 0] {
                 let segment = (segments > 1).then_some(1200);
-                sender.writable().await.unwrap_or_else(|e| panic!("{e}"));
                 let outcome = try_send(&sender, &state, to, &contents, (segment, dscp));
                 assert!(matches!(outcome, Outcome::Sent), "{local}: {outcome:?}");
                 for _ in 0..segments {
@@ -368,6 +444,67 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Whether `watched` reports within a while. What is watched for is reported within
+    /// milliseconds; the negative cases can only be observed as nothing in a bounded wait.
+    async fn reports(watched: &Watched) -> bool {
+        let wait = std::time::Duration::from_millis(200);
+        tokio::time::timeout(wait, watched.ready()).await.is_ok()
+    }
+
+    /// Arrivals wake the driver only while it watches for them, and datagrams that came
+    /// while it did not are reported as soon as it watches again; a report taken is not
+    /// repeated for datagrams still waiting.
+    #[tokio::test]
+    async fn arrivals_are_reported_only_while_watched() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}"));
+        let socket = bind(addr).unwrap_or_else(|e| panic!("{e}"));
+        let to = socket.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let mut watched = Watched::new(socket).unwrap_or_else(|e| panic!("{e}"));
+        let peer = std::net::UdpSocket::bind(addr).unwrap_or_else(|e| panic!("{e}"));
+        let send = || {
+            peer.send_to(b"datagram", to)
+                .unwrap_or_else(|e| panic!("{e}"));
+        };
+        assert!(!reports(&watched).await, "nothing arrived yet");
+        send();
+        assert!(reports(&watched).await, "an arrival is reported");
+        assert!(!reports(&watched).await, "the report was taken");
+        let watch = |watched: &mut Watched, read, write| {
+            watched.watch(read, write).unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert!(
+            !watch(&mut watched, false, false),
+            "nothing to say unwatched"
+        );
+        send();
+        assert!(!reports(&watched).await, "not watched: no report");
+        assert!(
+            watch(&mut watched, true, false),
+            "two waiting, said once watched"
+        );
+        assert!(!reports(&watched).await, "said, not reported");
+        let mut buf = [0u8; 64];
+        for _ in 0..2 {
+            let (n, _) = watched
+                .socket()
+                .recv_from(&mut buf)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(&buf[..n], b"datagram");
+        }
+        let empty = watched.socket().recv_from(&mut buf);
+        assert!(empty.is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock));
+        assert!(!watch(&mut watched, false, false));
+        assert!(!watch(&mut watched, true, false), "nothing waits now");
+        send();
+        assert!(
+            reports(&watched).await,
+            "an arrival while watched is reported"
+        );
+        let _ = watched.socket().recv_from(&mut buf);
+        // Room to send (a UDP socket has room at once) is said when asked for.
+        assert!(watch(&mut watched, false, true), "room to send");
     }
 
     #[test]

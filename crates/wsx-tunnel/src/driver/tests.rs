@@ -1,5 +1,6 @@
 //! The driver's own policies, driven directly: deferred reader wake-ups on a simulated
-//! connection, and a full socket buffer on real loopback sockets.
+//! connection, receive moderation on arrival times, and a full socket buffer on real
+//! loopback sockets.
 
 use super::*;
 use crate::testing::{LinkConfig, Pair};
@@ -254,4 +255,88 @@ async fn a_full_socket_toward_one_peer_leaves_receiving_and_the_other_peers_serv
         .await
         .expect("hung")
         .expect("b's writer");
+}
+
+/// Plays arrivals at the given offsets (µs from an epoch, sorted) through [`Moderation`] as
+/// the I/O task does: watching, an arrival is taken when it comes (with any others due by
+/// then); holding, everything that came is taken when the hold ends. Returns, per arrival,
+/// how long it waited, and the number of receives made (the task's wake-ups for arrivals).
+fn moderate(arrivals: &[u64], hold: Duration) -> (Vec<Duration>, usize) {
+    let epoch = crate::test_epoch();
+    let at = |us: u64| epoch + Duration::from_micros(us);
+    let mut moderation = Moderation {
+        hold,
+        ..Moderation::default()
+    };
+    let mut waits = Vec::new();
+    let mut receives = 0;
+    let mut next = 0;
+    while next < arrivals.len() {
+        // When the task next receives: at the end of a hold, or at the next arrival.
+        let now = match moderation.until {
+            Some(until) => until,
+            None => at(arrivals[next]),
+        };
+        let taken = arrivals[next..]
+            .iter()
+            .take_while(|&&a| at(a) <= now)
+            .count();
+        waits.extend(arrivals[next..next + taken].iter().map(|&a| now - at(a)));
+        next += taken;
+        receives += 1;
+        moderation.received(now, taken as u64);
+    }
+    (waits, receives)
+}
+
+/// A lone request is taken when it arrives; so is the first datagram of a stream, and the
+/// second, which shows the stream; from then on they are taken a hold at a time, until
+/// a hold ends with fewer than two waiting.
+#[test]
+fn streamed_arrivals_are_taken_a_hold_at_a_time() {
+    let hold = Duration::from_millis(1);
+    let (waits, receives) = moderate(&[0], hold);
+    assert_eq!((waits, receives), (vec![Duration::ZERO], 1));
+    // 100 Mbit/s of 1,472-byte datagrams: one every ~118 µs, for 10 ms.
+    let stream: Vec<u64> = (0..85).map(|i| i * 118).collect();
+    let (waits, receives) = moderate(&stream, hold);
+    assert_eq!(&waits[..2], &[Duration::ZERO, Duration::ZERO]);
+    assert!(waits.iter().all(|&w| w <= hold), "{waits:?}");
+    // Two wake-ups to see the stream, then one per hold (the datagrams of ~8.5 arrivals).
+    assert!(
+        receives <= 2 + 10 + 1,
+        "{receives} receives for 85 datagrams"
+    );
+    // Arrivals a hold or more apart are each taken at once.
+    let sparse: Vec<u64> = (0..20).map(|i| i * 2_000).collect();
+    let (waits, receives) = moderate(&sparse, hold);
+    assert!(waits.iter().all(Duration::is_zero), "{waits:?}");
+    assert_eq!(receives, 20);
+    // Without an RTT to size it, there is no hold.
+    let (waits, receives) = moderate(&stream, Duration::ZERO);
+    assert!(waits.iter().all(Duration::is_zero));
+    assert_eq!(receives, 85);
+}
+
+proptest::proptest! {
+    /// Whatever the arrivals: none waits longer than a hold, and moderation never takes
+    /// more receives than there were arrivals, plus one per hold that found nothing.
+    #[test]
+    fn no_arrival_waits_longer_than_a_hold(
+        gaps in proptest::collection::vec(0u64..3_000, 1..300),
+        hold_us in 0u64..2_000,
+    ) {
+        let arrivals: Vec<u64> = gaps
+            .iter()
+            .scan(0, |t, g| {
+                *t += g;
+                Some(*t)
+            })
+            .collect();
+        let hold = Duration::from_micros(hold_us);
+        let (waits, receives) = moderate(&arrivals, hold);
+        proptest::prop_assert_eq!(waits.len(), arrivals.len());
+        proptest::prop_assert!(waits.iter().all(|&w| w <= hold), "{:?}", waits);
+        proptest::prop_assert!(receives <= arrivals.len() * 2);
+    }
 }
