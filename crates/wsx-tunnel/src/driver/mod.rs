@@ -30,8 +30,8 @@
 //!
 //! Receive moderation: the same datagrams would also wake the I/O task one at a time, each
 //! wake-up a context switch. While they stream in, the task stops watching the socket for
-//! a hold (RTT/64, at most 1 ms) after each receive and takes what came meanwhile in one
-//! batch; see [`Moderation`] and, for how the socket is watched, `socket::Watched`.
+//! a hold after each receive (as long as eight arrivals take, at most RTT/64 and 1 ms) and
+//! takes what came meanwhile in one batch; see [`Moderation`] and, for how the socket is watched, `socket::Watched`.
 //!
 //! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
@@ -73,6 +73,10 @@ const RECEIVE_CALLS_PER_ROUND: usize = 16;
 /// The longest an arriving datagram waits while the driver takes arrivals in batches (see
 /// [`Moderation`]). A connection whose smoothed RTT is under 64 ms allows RTT/64.
 const MAX_RECEIVE_HOLD: Duration = Duration::from_millis(1);
+
+/// The datagrams a receive hold waits for, at the rate they arrive (see [`Moderation`]):
+/// one wake-up for eight arrivals saves most of what a wake-up per arrival costs.
+const RECEIVE_BATCH: u32 = 8;
 
 /// Transmits taken from one connection per round, so that one busy connection cannot starve
 /// the others of the socket. A paced connection yields far fewer (one burst per pacing
@@ -764,8 +768,7 @@ impl Io {
             if self.moderation.is_over(now) || std::mem::take(&mut self.undrained) {
                 self.receive(now);
             }
-            let hold = self.service(now);
-            self.moderation.hold = hold;
+            self.moderation.cap = self.service(now);
             if let Some(close_by) = close_by {
                 if self.connections.is_empty() || now >= close_by + SHUTDOWN_GRACE {
                     break;
@@ -1059,15 +1062,17 @@ impl Io {
 /// meantime in one batch.
 ///
 /// A receive that found two or more datagrams, or that followed the last one that found
-/// any by less than a hold, starts a hold; a hold that ends with fewer than two waiting
-/// ends the moderation, so the first datagram after a quiet spell (a request) is taken at
-/// once. No datagram waits longer than a hold: 1/64 of the shortest smoothed RTT among the
-/// connections, at most [`MAX_RECEIVE_HOLD`]; none before a connection has an RTT sample.
-/// Pure: times are passed in.
+/// any by less than the longest hold, starts a hold; a hold that ends with fewer than two
+/// waiting ends the moderation, so the first datagram after a quiet spell (a request) is
+/// taken at once. A hold lasts as long as [`RECEIVE_BATCH`] datagrams take to arrive at the
+/// rate seen since the last receive, so that the tail of a fast burst (an answer) is not
+/// held longer than its arrival needs; and never longer than 1/64 of the shortest smoothed
+/// RTT among the connections, at most [`MAX_RECEIVE_HOLD`]: no datagram waits longer.
+/// Nothing is held before a connection has an RTT sample. Pure: times are passed in.
 #[derive(Debug, Default)]
 struct Moderation {
     /// The longest hold the connections allow; zero holds nothing.
-    hold: Duration,
+    cap: Duration,
     /// When the last receive that found datagrams was made.
     last: Option<Instant>,
     /// While holding: the socket is not watched for arrivals until then.
@@ -1077,15 +1082,23 @@ struct Moderation {
 impl Moderation {
     /// A receive at `now` found `datagrams`.
     fn received(&mut self, now: Instant, datagrams: u64) {
-        let streaming = datagrams >= 2
-            || (datagrams == 1
-                && self
-                    .last
-                    .is_some_and(|t| now.saturating_duration_since(t) < self.hold));
+        let since = self.last.map(|t| now.saturating_duration_since(t));
         if datagrams > 0 {
             self.last = Some(now);
         }
-        self.until = (streaming && !self.hold.is_zero()).then(|| now + self.hold);
+        let recent = since.filter(|&s| s < self.cap);
+        let streaming = datagrams >= 2 || (datagrams == 1 && recent.is_some());
+        if !streaming || self.cap.is_zero() {
+            self.until = None;
+            return;
+        }
+        // Arrivals since the last receive came at `since / datagrams` apart; after a quiet
+        // spell (two or more found at once) their pace is unknown.
+        let hold = match since.filter(|&s| s <= 2 * self.cap) {
+            Some(since) => since * RECEIVE_BATCH / u32::try_from(datagrams).unwrap_or(u32::MAX),
+            None => self.cap,
+        };
+        self.until = Some(now + hold.min(self.cap));
     }
 
     fn is_holding(&self) -> bool {
