@@ -26,7 +26,8 @@
 //! (RTT/8 on shorter paths), or sooner once 64 KiB wait. The end of what the peer's
 //! application had written (a STREAM frame marked PUSH, or FIN) wakes it within 1 ms instead,
 //! so the tail of an answer is not held back; and the first data after a quiet spell wakes it
-//! at once, so a request that arrives alone is not delayed.
+//! at once, so a request that arrives alone is not delayed. Readers of flows that stream
+//! side by side are woken in step (see `LinkState::wake_readers`).
 //!
 //! Receive moderation: the same datagrams would also wake the I/O task one at a time, each
 //! wake-up a context switch. While they stream in, the task stops watching the socket for
@@ -627,23 +628,42 @@ impl LinkState {
     /// Wakes each reader waiting for data that has arrived, unless it was woken for data
     /// less than the read delay ago (shorter once a PUSH is in) and fewer than
     /// [`READ_LOW_WATER`] bytes wait; those stay deferred until `wake_readers_at`.
+    ///
+    /// When one reader is woken, so is every other that has waited half its delay: the
+    /// readers of flows that stream side by side fall into step and are woken together,
+    /// one wake-up of the runtime for all of them rather than one each at its own phase.
+    /// No reader is woken later for it.
     fn wake_readers(&mut self, now: Instant) {
         let eighth = self.connection.rtt().smoothed() / 8;
         let (streaming, pushed) = (eighth.min(MAX_READ_DELAY), eighth.min(MAX_PUSH_DELAY));
-        let mut next: Option<Instant> = None;
         let (streams, connection) = (&mut self.streams, &self.connection);
-        self.deferred.retain(|&id| {
-            // Without a waiting reader there is nobody to wake: it reads before it waits.
-            let Some(slot) = streams.get_mut(&id).filter(|s| s.reader.is_some()) else {
-                return false;
-            };
+        // When each deferred reader is due, and when it would join a wake-up of others.
+        let due = |id: StreamId, slot: &StreamSlot| {
             let delay = if connection.pushed(id) {
                 pushed
             } else {
                 streaming
             };
-            let due = slot.last_woken.map_or(now, |at| at + delay);
-            if due <= now || connection.readable_bytes(id) >= READ_LOW_WATER {
+            match slot.last_woken {
+                _ if connection.readable_bytes(id) >= READ_LOW_WATER => (now, now),
+                Some(at) => (at + delay, at + delay / 2),
+                None => (now, now),
+            }
+        };
+        // Without a waiting reader there is nobody to wake: it reads before it waits.
+        self.deferred
+            .retain(|id| streams.get(id).is_some_and(|s| s.reader.is_some()));
+        let any_due = self
+            .deferred
+            .iter()
+            .any(|&id| streams.get(&id).is_some_and(|slot| due(id, slot).0 <= now));
+        let mut next: Option<Instant> = None;
+        self.deferred.retain(|id| {
+            let Some(slot) = streams.get_mut(id) else {
+                return false;
+            };
+            let (due, joins) = due(*id, slot);
+            if due <= now || (any_due && joins <= now) {
                 slot.last_woken = Some(now);
                 wake(slot.reader.take());
                 return false;

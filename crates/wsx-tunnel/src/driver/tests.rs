@@ -35,6 +35,17 @@ fn receiving(
     written: usize,
     rtt: Duration,
 ) -> (LinkState, StreamId, Arc<Reader>, Instant) {
+    let (state, ids, now) = receiving_streams(1, bytes, written, rtt);
+    (state, ids[0], Arc::new(Reader::default()), now)
+}
+
+/// The same with `streams` streams, each sent `written` bytes, once `bytes` of each are in.
+fn receiving_streams(
+    streams: usize,
+    bytes: usize,
+    written: usize,
+    rtt: Duration,
+) -> (LinkState, Vec<StreamId>, Instant) {
     let link = LinkConfig::new(rtt, 100);
     let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 1);
     pair.connect();
@@ -42,20 +53,31 @@ fn receiving(
         destination: Some(Target::Addr(([192, 0, 2, 1], 80).into())),
         ..StreamMeta::default()
     };
-    let id = pair.client().open_stream(meta).expect("room for a stream");
-    assert_eq!(pair.client().write(id, &vec![7; written]), Ok(written));
+    let ids: Vec<StreamId> = (0..streams)
+        .map(|_| {
+            let id = pair
+                .client()
+                .open_stream(meta.clone())
+                .expect("room for a stream");
+            assert_eq!(pair.client().write(id, &vec![7; written]), Ok(written));
+            id
+        })
+        .collect();
     pair.run_until(Duration::from_secs(5), |p| {
-        p.server().readable_bytes(id) >= bytes
+        ids.iter().all(|&id| p.server().readable_bytes(id) >= bytes)
     });
-    assert_eq!(pair.server().pushed(id), written <= bytes);
+    for &id in &ids {
+        assert_eq!(pair.server().pushed(id), written <= bytes);
+    }
     let (_, connection) = pair.sides[1]
         .connections
         .pop_first()
         .expect("the server's connection");
     let mut state = LinkState::new(connection);
-    state.streams.insert(id, StreamSlot::default());
-    let reader = Arc::new(Reader::default());
-    (state, id, reader, pair.now)
+    for &id in &ids {
+        state.streams.insert(id, StreamSlot::default());
+    }
+    (state, ids, pair.now)
 }
 
 /// What the driver does when the core reports data for a stream whose reader waits.
@@ -97,6 +119,61 @@ fn a_reader_is_woken_at_once_after_a_quiet_spell_then_at_most_once_per_read_dela
     state.dispatch_events(start + MAX_READ_DELAY * 3);
     assert_eq!(reader.woken(), 2);
     assert!(state.deferred.is_empty());
+}
+
+/// Flows that stream side by side, their readers woken at different phases, fall into
+/// step: when one reader is due, every other that has waited half its delay is woken with
+/// it, and from then on they are woken together. None is woken later than its own delay.
+#[test]
+fn readers_of_flows_streaming_side_by_side_are_woken_together() {
+    let (mut state, ids, start) = receiving_streams(3, 1_000, 50_000, 40 * MAX_READ_DELAY);
+    let readers: Vec<Arc<Reader>> = ids.iter().map(|_| Arc::new(Reader::default())).collect();
+    let woken = |readers: &[Arc<Reader>]| readers.iter().map(|r| r.woken()).collect::<Vec<_>>();
+    // Each flow's first data, after a quiet spell, wakes its reader at once: at 0, at a
+    // quarter of the delay and at three quarters.
+    let phases = [Duration::ZERO, MAX_READ_DELAY / 4, MAX_READ_DELAY * 3 / 4];
+    for ((&id, reader), phase) in ids.iter().zip(&readers).zip(phases) {
+        data_arrives(&mut state, id, reader, start + phase);
+    }
+    assert_eq!(woken(&readers), [1, 1, 1]);
+    // More data for all three soon after: each waits for its own delay.
+    let soon = start + MAX_READ_DELAY * 4 / 5;
+    for (&id, reader) in ids.iter().zip(&readers) {
+        data_arrives(&mut state, id, reader, soon);
+    }
+    assert_eq!(woken(&readers), [1, 1, 1]);
+    assert_eq!(state.wake_readers_at, Some(start + MAX_READ_DELAY));
+    // The first is due: the second (woken 3/4 of a delay ago) joins it; the third (1/4
+    // ago) stays deferred to its own time.
+    state.dispatch_events(start + MAX_READ_DELAY);
+    assert_eq!(woken(&readers), [2, 2, 1]);
+    assert_eq!(
+        state.wake_readers_at,
+        Some(start + MAX_READ_DELAY * 7 / 4),
+        "the third keeps its own time"
+    );
+    // Data for all three again: at the third's time, the first two (woken 3/4 of a delay
+    // before) join it. From here they go in step.
+    let later = start + MAX_READ_DELAY * 3 / 2;
+    for (&id, reader) in ids.iter().zip(&readers) {
+        data_arrives(&mut state, id, reader, later);
+    }
+    assert_eq!(woken(&readers), [2, 2, 1]);
+    assert_eq!(state.wake_readers_at, Some(start + MAX_READ_DELAY * 7 / 4));
+    state.dispatch_events(start + MAX_READ_DELAY * 7 / 4);
+    assert_eq!(woken(&readers), [3, 3, 2], "all woken together");
+    let together = start + MAX_READ_DELAY * 7 / 4;
+    for (&id, reader) in ids.iter().zip(&readers) {
+        data_arrives(
+            &mut state,
+            id,
+            reader,
+            together + Duration::from_micros(100),
+        );
+    }
+    assert_eq!(state.wake_readers_at, Some(together + MAX_READ_DELAY));
+    state.dispatch_events(together + MAX_READ_DELAY);
+    assert_eq!(woken(&readers), [4, 4, 3]);
 }
 
 #[test]
