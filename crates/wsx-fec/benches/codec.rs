@@ -6,6 +6,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use reed_solomon_erasure::galois_8::ReedSolomon;
+use reed_solomon_simd::rate::RateDecoder;
 use std::hint::black_box;
 
 const SHARD: usize = 1382;
@@ -104,6 +105,23 @@ fn decode(c: &mut Criterion) {
         }
         let mut decoder = reed_solomon_simd::ReedSolomonDecoder::new(k, m, SHARD).unwrap();
         group.bench_function(BenchmarkId::new("simd", &id), |b| {
+            b.iter(|| {
+                decoder.reset(k, m, SHARD).unwrap();
+                for (i, d) in data.iter().enumerate().skip(lost) {
+                    decoder.add_original_shard(i, d).unwrap();
+                }
+                for (i, p) in parity.iter().enumerate().take(lost) {
+                    decoder.add_recovery_shard(i, p).unwrap();
+                }
+                let _ = decoder
+                    .decode()
+                    .map(|r| black_box(r.restored_original_iter().count()));
+            })
+        });
+        // The same on the engine the tunnel decodes with (the erasure locator summed
+        // directly; wsx_fec::codec).
+        let mut decoder = wsx_fec::codec::decoder(k, m, SHARD, None).unwrap();
+        group.bench_function(BenchmarkId::new("simd_direct_locator", &id), |b| {
             b.iter(|| {
                 decoder.reset(k, m, SHARD).unwrap();
                 for (i, d) in data.iter().enumerate().skip(lost) {

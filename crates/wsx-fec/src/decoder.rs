@@ -4,7 +4,7 @@
 use crate::block::{Block, ParityInfo};
 use crate::encoder::write_shard;
 use crate::{LEN_PREFIX, MAX_BLOCK};
-use reed_solomon_simd::ReedSolomonDecoder;
+use reed_solomon_simd::rate::RateDecoder;
 use std::collections::{BTreeMap, VecDeque};
 
 /// Packets kept, by packet number modulo this. A block is given up once the newest packet is
@@ -236,9 +236,8 @@ impl Decoder {
         }
         let codec = match &mut self.codec.0 {
             Some(codec) => codec.reset(k, m, shard_bytes).map(|()| codec),
-            None => {
-                ReedSolomonDecoder::new(k, m, shard_bytes).map(|codec| self.codec.0.insert(codec))
-            }
+            None => crate::codec::decoder(k, m, shard_bytes, None)
+                .map(|codec| self.codec.0.insert(codec)),
         };
         let Ok(codec) = codec else {
             return;
@@ -348,7 +347,7 @@ fn held(slot_pn: &[u64], slot_ok: &[bool], pn: u64) -> bool {
 }
 
 /// The codec, made when first needed (it does not implement `Debug`).
-struct Codec(Option<ReedSolomonDecoder>);
+struct Codec(Option<crate::codec::Decoder>);
 
 impl std::fmt::Debug for Codec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -22,9 +22,11 @@
 //!   length to the block shape, sending no parity on a clean path.
 //!
 //! The codec is `reed-solomon-simd` (Leopard-style, O(n log n)); `benches/codec.rs` compares
-//! it with `reed-solomon-erasure` at the tunnel's shard sizes (BENCHMARKS.md).
+//! it with `reed-solomon-erasure` at the tunnel's shard sizes (BENCHMARKS.md). Decoding
+//! evaluates the erasure locator directly for the tunnel's short codes ([`codec`]).
 
 mod block;
+pub mod codec;
 mod decoder;
 mod encoder;
 pub mod policy;
