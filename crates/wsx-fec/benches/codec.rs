@@ -1,12 +1,16 @@
 //! Encode and decode throughput of the two Reed-Solomon crates at the tunnel's shard sizes
-//! (1,200-1,450 bytes) and group sizes (k = 16, 32, 64), and of this crate's codec.
+//! (1,200-1,450 bytes) and group sizes (k = 16, 32, 64), and of this crate's decoding engine.
 //! `cargo bench -p wsx-fec`; figures in BENCHMARKS.md.
 
 #![allow(clippy::unwrap_used)]
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use reed_solomon_erasure::galois_8::ReedSolomon;
-use reed_solomon_simd::rate::RateDecoder;
+use reed_solomon_simd::engine::{DefaultEngine, Engine};
+use reed_solomon_simd::rate::{DefaultRateDecoder, RateDecoder};
 use std::hint::black_box;
 
 const SHARD: usize = 1382;
@@ -103,40 +107,46 @@ fn decode(c: &mut Criterion) {
                 })
             });
         }
-        let mut decoder = reed_solomon_simd::ReedSolomonDecoder::new(k, m, SHARD).unwrap();
-        group.bench_function(BenchmarkId::new("simd", &id), |b| {
-            b.iter(|| {
-                decoder.reset(k, m, SHARD).unwrap();
-                for (i, d) in data.iter().enumerate().skip(lost) {
-                    decoder.add_original_shard(i, d).unwrap();
-                }
-                for (i, p) in parity.iter().enumerate().take(lost) {
-                    decoder.add_recovery_shard(i, p).unwrap();
-                }
-                let _ = decoder
-                    .decode()
-                    .map(|r| black_box(r.restored_original_iter().count()));
-            })
-        });
-        // The same on the engine the tunnel decodes with (the erasure locator summed
-        // directly; wsx_fec::codec).
-        let mut decoder = wsx_fec::codec::decoder(k, m, SHARD, None).unwrap();
-        group.bench_function(BenchmarkId::new("simd_direct_locator", &id), |b| {
-            b.iter(|| {
-                decoder.reset(k, m, SHARD).unwrap();
-                for (i, d) in data.iter().enumerate().skip(lost) {
-                    decoder.add_original_shard(i, d).unwrap();
-                }
-                for (i, p) in parity.iter().enumerate().take(lost) {
-                    decoder.add_recovery_shard(i, p).unwrap();
-                }
-                let _ = decoder
-                    .decode()
-                    .map(|r| black_box(r.restored_original_iter().count()));
-            })
-        });
+        // reed-solomon-simd's decoder, and the same on the engine the tunnel decodes with
+        // (the erasure locator summed directly; wsx_fec::codec).
+        let stock = DefaultRateDecoder::new(k, m, SHARD, DefaultEngine::new(), None).unwrap();
+        decode_with(&mut group, "simd", &id, stock, (&data, &parity, lost));
+        let direct = wsx_fec::codec::decoder(k, m, SHARD, None).unwrap();
+        decode_with(
+            &mut group,
+            "simd_direct_locator",
+            &id,
+            direct,
+            (&data, &parity, lost),
+        );
     }
     group.finish();
+}
+
+/// Times decoding with `decoder`: the first `lost` originals are rebuilt from the others
+/// and as many recovery shards.
+fn decode_with<E: Engine, D: RateDecoder<E>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    id: &str,
+    mut decoder: D,
+    (data, parity, lost): (&[Vec<u8>], &[Vec<u8>], usize),
+) {
+    let (k, m) = (data.len(), parity.len());
+    group.bench_function(BenchmarkId::new(name, id), |b| {
+        b.iter(|| {
+            decoder.reset(k, m, SHARD).unwrap();
+            for (i, d) in data.iter().enumerate().skip(lost) {
+                decoder.add_original_shard(i, d).unwrap();
+            }
+            for (i, p) in parity.iter().enumerate().take(lost) {
+                decoder.add_recovery_shard(i, p).unwrap();
+            }
+            let _ = decoder
+                .decode()
+                .map(|r| black_box(r.restored_original_iter().count()));
+        })
+    });
 }
 
 criterion_group!(benches, encode, decode);

@@ -160,9 +160,9 @@ mod tests {
         ) {
             let m = 1 + ((k - 1) as f64 * m_frac) as usize;
             let shard_bytes = 2 * shard_pairs;
-            let mut rng = fastrand_like(data_seed);
+            let mut rng = fastrand::Rng::with_seed(data_seed);
             let originals: Vec<Vec<u8>> = (0..k)
-                .map(|_| (0..shard_bytes).map(|_| rng() as u8).collect())
+                .map(|_| (0..shard_bytes).map(|_| rng.u8(..)).collect())
                 .collect();
             let mut encoder = ReedSolomonEncoder::new(k, m, shard_bytes)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -176,12 +176,12 @@ mod tests {
                 .map(<[u8]>::to_vec)
                 .collect();
             // Lose up to m of the k + m shards, at least one original.
-            let mut pick = fastrand_like(lost_seed);
-            let lost_count = 1 + (pick() as usize) % m;
+            let mut pick = fastrand::Rng::with_seed(lost_seed);
+            let lost_count = pick.usize(1..=m);
             let mut lost = vec![false; k + m];
-            lost[(pick() as usize) % k] = true;
+            lost[pick.usize(..k)] = true;
             while lost.iter().filter(|&&l| l).count() < lost_count {
-                lost[(pick() as usize) % (k + m)] = true;
+                lost[pick.usize(..k + m)] = true;
             }
             let mut decoder = decoder(k, m, shard_bytes, None)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -199,17 +199,6 @@ mod tests {
                 rebuilt += 1;
             }
             prop_assert_eq!(rebuilt, lost[..k].iter().filter(|&&l| l).count());
-        }
-    }
-
-    /// A small xorshift generator: the test's data from its seed.
-    fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
-        let mut x = seed | 1;
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
         }
     }
 }

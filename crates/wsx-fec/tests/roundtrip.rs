@@ -56,20 +56,20 @@ proptest! {
         let first = 1_000 + erase_seed % 5_000;
         let parity = encode(first, &packets, shape);
         // Erase up to m packets or parity shards of each group.
-        let mut rng = fastrand_like(erase_seed);
+        let mut rng = fastrand::Rng::with_seed(erase_seed);
         let mut lost_in_group: BTreeMap<u8, u8> = BTreeMap::new();
         let mut erased = Vec::new();
         for (i, _) in packets.iter().enumerate() {
             let g = (i % usize::from(shape.depth)) as u8;
             let lost = lost_in_group.entry(g).or_default();
-            if *lost < shape.m && rng() % 3 == 0 {
+            if *lost < shape.m && rng.u32(..3) == 0 {
                 *lost += 1;
                 erased.push(first + i as u64);
             }
         }
         let kept_parity: Vec<_> = parity.iter().filter(|(info, _)| {
             let lost = lost_in_group.entry(info.group).or_default();
-            if *lost < shape.m && rng() % 4 == 0 {
+            if *lost < shape.m && rng.u32(..4) == 0 {
                 *lost += 1;
                 false
             } else {
@@ -198,17 +198,6 @@ fn a_partial_block_codes_its_missing_members_as_zeros() {
     }
     got.sort_unstable();
     assert_eq!(got, [8, 11]);
-}
-
-/// A small deterministic generator for the erasure pattern.
-fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
 }
 
 /// Parity from the network may describe any block: one at the top of the packet-number
