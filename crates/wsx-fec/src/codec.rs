@@ -130,11 +130,12 @@ mod tests {
 
     proptest! {
         /// The direct sum of logarithms is the transform's result at every position below
-        /// the truncation, for any set of erased positions.
+        /// the truncation, for any set of erased positions (up to 32 of 1,024: every case
+        /// takes the direct path).
         #[test]
         fn the_direct_locator_is_the_transforms(
             end in 1usize..=DIRECT_POSITIONS,
-            erased in proptest::collection::vec(any::<u16>(), 1..40),
+            erased in proptest::collection::vec(any::<u16>(), 1..=32),
         ) {
             let mut direct = Box::new([0 as GfElement; GF_ORDER]);
             for j in &erased {

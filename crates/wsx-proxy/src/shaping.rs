@@ -390,7 +390,7 @@ impl Shaping {
                 state.shaper.poll_timeout(now, direct)
             };
             match deadline {
-                Some(at) => timer.arm(at, now),
+                Some(at) => timer.arm(at),
                 None => timer.disarm(),
             }
             tokio::select! {

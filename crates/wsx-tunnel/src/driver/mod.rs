@@ -23,7 +23,8 @@
 //! Reader wake-ups: at 100 Mbit/s paced datagrams arrive one at a time, and waking a stream's
 //! reader for each would cost a task wake-up and a small write to the far socket per datagram.
 //! A reader woken for data is therefore woken again at most every 4 ms while a flow streams
-//! (RTT/8 on shorter paths), or sooner once 64 KiB wait. The end of what the peer's
+//! (RTT/8 on shorter paths; half that when it is woken with other readers, see below), or
+//! sooner once 64 KiB wait. The end of what the peer's
 //! application had written (a STREAM frame marked PUSH, or FIN) wakes it within 1 ms instead,
 //! so the tail of an answer is not held back; and the first data after a quiet spell wakes it
 //! at once, so a request that arrives alone is not delayed. Readers of flows that stream
@@ -74,6 +75,10 @@ const RECEIVE_CALLS_PER_ROUND: usize = 16;
 /// The longest an arriving datagram waits while the driver takes arrivals in batches (see
 /// [`Moderation`]). A connection whose smoothed RTT is under 64 ms allows RTT/64.
 const MAX_RECEIVE_HOLD: Duration = Duration::from_millis(1);
+
+/// The shortest hold worth a timer wake-up (RTT/64 below it, on paths under 3.2 ms, nothing
+/// is held).
+const MIN_RECEIVE_HOLD: Duration = Duration::from_micros(50);
 
 /// The datagrams a receive hold waits for, at the rate they arrive (see [`Moderation`]):
 /// one wake-up for eight arrivals saves most of what a wake-up per arrival costs.
@@ -788,7 +793,8 @@ impl Io {
             if self.moderation.is_over(now) || std::mem::take(&mut self.undrained) {
                 self.receive(now);
             }
-            self.moderation.cap = self.service(now);
+            let cap = self.service(now);
+            self.moderation.set_cap(cap);
             if let Some(close_by) = close_by {
                 if self.connections.is_empty() || now >= close_by + SHUTDOWN_GRACE {
                     break;
@@ -802,7 +808,7 @@ impl Io {
                 .flatten()
                 .min()
             {
-                Some(deadline) => self.timer.arm(deadline, now),
+                Some(deadline) => self.timer.arm(deadline),
                 None => self.timer.disarm(),
             }
             if self.undrained {
@@ -901,6 +907,7 @@ impl Io {
     fn receive(&mut self, now: Instant) {
         let mut datagrams = 0;
         let mut drained = false;
+        let mut errors = 0;
         for _ in 0..RECEIVE_CALLS_PER_ROUND {
             let filled = match self.recv.receive(self.socket.socket(), &self.state) {
                 Ok(n) => n,
@@ -911,11 +918,17 @@ impl Io {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // ICMP errors reported on the socket and the like: not fatal, and
-                    // more may wait behind them.
+                    // more may wait behind them; one that persists is not retried at once.
                     tracing::debug!(error = %e, "receive failed");
+                    errors += 1;
+                    if errors > 1 {
+                        drained = true;
+                        break;
+                    }
                     continue;
                 }
             };
+            errors = 0;
             self.shared
                 .stats
                 .receive_calls
@@ -1023,7 +1036,12 @@ impl Io {
             buf: &mut self.send[..segments * self.max_datagram],
             ipv6_socket: self.ipv6_socket,
         };
-        let mut hold = MAX_RECEIVE_HOLD;
+        // No connection, no hold: the first datagrams of a handshake are taken at once.
+        let mut hold = if self.connections.is_empty() {
+            Duration::ZERO
+        } else {
+            MAX_RECEIVE_HOLD
+        };
         for entry in self.connections.values_mut() {
             hold = hold.min(entry.hold);
             let marked = entry.link.marked.swap(false, Ordering::AcqRel);
@@ -1055,10 +1073,10 @@ impl Io {
             entry.timeout = state.connection.poll_timeout();
             entry.wake_readers_at = state.wake_readers_at;
             let rtt = state.connection.rtt();
-            entry.hold = if rtt.has_sample() {
-                (rtt.smoothed() / 64).min(MAX_RECEIVE_HOLD)
-            } else {
-                Duration::ZERO
+            entry.hold = match rtt.smoothed() / 64 {
+                // Below the floor a hold batches little and costs a timer wake-up.
+                hold if !rtt.has_sample() || hold < MIN_RECEIVE_HOLD => Duration::ZERO,
+                hold => hold.min(MAX_RECEIVE_HOLD),
             };
             if state.connection.is_drained() {
                 drained.push((entry.link.handle, state.connection.path_hint()));
@@ -1081,14 +1099,15 @@ impl Io {
 /// watching the socket for a *hold* after each receive and then takes what came in the
 /// meantime in one batch.
 ///
-/// A receive that found two or more datagrams, or that followed the last one that found
-/// any by less than the longest hold, starts a hold; a hold that ends with fewer than two
-/// waiting ends the moderation, so the first datagram after a quiet spell (a request) is
-/// taken at once. A hold lasts as long as [`RECEIVE_BATCH`] datagrams take to arrive at the
-/// rate seen since the last receive, so that the tail of a fast burst (an answer) is not
-/// held longer than its arrival needs; and never longer than 1/64 of the shortest smoothed
-/// RTT among the connections, at most [`MAX_RECEIVE_HOLD`]: no datagram waits longer.
-/// Nothing is held before a connection has an RTT sample. Pure: times are passed in.
+/// A receive that found two or more datagrams, or one that followed the last by less than
+/// the longest hold, starts a hold; a hold that ends with fewer than two waiting ends the
+/// moderation, so the first datagram after a quiet spell (a request) is taken at once. A
+/// hold lasts as long as [`RECEIVE_BATCH`] datagrams take to arrive at the rate seen since
+/// the last receive, so that the tail of a fast burst (an answer) is not held longer than
+/// its arrival needs; and never longer than 1/64 of the shortest smoothed RTT among the
+/// connections, at most [`MAX_RECEIVE_HOLD`]: no datagram waits longer. Nothing is held
+/// without a connection, before every connection has an RTT sample, or where RTT/64 is
+/// under [`MIN_RECEIVE_HOLD`]. Pure: times are passed in.
 #[derive(Debug, Default)]
 struct Moderation {
     /// The longest hold the connections allow; zero holds nothing.
@@ -1102,12 +1121,21 @@ struct Moderation {
 impl Moderation {
     /// A receive at `now` found `datagrams`.
     fn received(&mut self, now: Instant, datagrams: u64) {
+        let holding = self.until.is_some_and(|t| t > now);
+        if datagrams == 0 && holding {
+            // Woken during a hold for something else (room to send, a socket error, a
+            // report that was already on its way): the hold goes on.
+            return;
+        }
         let since = self.last.map(|t| now.saturating_duration_since(t));
         if datagrams > 0 {
             self.last = Some(now);
         }
-        let recent = since.filter(|&s| s < self.cap);
-        let streaming = datagrams >= 2 || (datagrams == 1 && recent.is_some());
+        // While watching, a second datagram within the longest hold of the first shows a
+        // stream; at the end of a hold it takes two, or a straggler after a burst would
+        // keep the socket unwatched for another hold.
+        let recent = since.is_some_and(|s| s < self.cap);
+        let streaming = datagrams >= 2 || (datagrams == 1 && recent && self.until.is_none());
         if !streaming || self.cap.is_zero() {
             self.until = None;
             return;
@@ -1119,6 +1147,14 @@ impl Moderation {
             None => self.cap,
         };
         self.until = Some(now + hold.min(self.cap));
+    }
+
+    /// The longest hold the connections now allow; a hold under way is cut to it.
+    fn set_cap(&mut self, cap: Duration) {
+        self.cap = cap;
+        if let (Some(until), Some(last)) = (self.until, self.last) {
+            self.until = Some(until.min(last + cap));
+        }
     }
 
     fn is_holding(&self) -> bool {

@@ -33,13 +33,17 @@ impl Timer {
         Ok(Self { fd, armed: None })
     }
 
-    /// Fires once at `deadline` (replacing any earlier setting); `now` is the current time.
-    pub fn arm(&mut self, deadline: Instant, now: Instant) {
+    /// Fires once at `deadline` (replacing any earlier setting). The timerfd takes a delay,
+    /// counted from the clock read here: from a time read earlier, it would fire late by
+    /// whatever ran in between.
+    pub fn arm(&mut self, deadline: Instant) {
         if self.armed == Some(deadline) {
             return;
         }
         self.armed = Some(deadline);
-        let delay = deadline.saturating_duration_since(now).max(MIN_DELAY);
+        let delay = deadline
+            .saturating_duration_since(super::now())
+            .max(MIN_DELAY);
         self.fd
             .get_mut()
             .set_state(TimerState::Oneshot(delay), SetTimeFlags::Default);
