@@ -32,8 +32,8 @@
 //!
 //! Receive moderation: the same datagrams would also wake the I/O task one at a time, each
 //! wake-up a context switch. While they stream in, the task stops watching the socket for
-//! a hold after each receive (as long as eight arrivals take, at most RTT/64 and 1 ms) and
-//! takes what came meanwhile in one batch; see [`Moderation`] and, for how the socket is watched, `socket::Watched`.
+//! a hold after each receive (as long as eight arrivals take, at most RTT/64 and 1 ms; none
+//! under 50 µs or without a connection) and takes what came meanwhile in one batch; see [`Moderation`] and, for how the socket is watched, `socket::Watched`.
 //!
 //! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
@@ -76,8 +76,9 @@ const RECEIVE_CALLS_PER_ROUND: usize = 16;
 /// [`Moderation`]). A connection whose smoothed RTT is under 64 ms allows RTT/64.
 const MAX_RECEIVE_HOLD: Duration = Duration::from_millis(1);
 
-/// The shortest hold worth a timer wake-up (RTT/64 below it, on paths under 3.2 ms, nothing
-/// is held).
+/// The shortest hold worth a timer wake-up: arrivals faster than eight in this time fill a
+/// batch while a wake-up takes place, and on paths under 3.2 ms (RTT/64 below it) nothing
+/// is held.
 const MIN_RECEIVE_HOLD: Duration = Duration::from_micros(50);
 
 /// The datagrams a receive hold waits for, at the rate they arrive (see [`Moderation`]):
@@ -794,7 +795,7 @@ impl Io {
                 self.receive(now);
             }
             let cap = self.service(now);
-            self.moderation.set_cap(cap);
+            self.moderation.set_cap(cap, now);
             if let Some(close_by) = close_by {
                 if self.connections.is_empty() || now >= close_by + SHUTDOWN_GRACE {
                     break;
@@ -938,6 +939,9 @@ impl Io {
         }
         self.undrained = !drained;
         self.moderation.received(now, datagrams);
+        if errors > 1 {
+            self.moderation.back_off(now);
+        }
     }
 
     /// Asks the endpoint where each received datagram goes; returns how many there were.
@@ -1105,9 +1109,9 @@ impl Io {
 /// hold lasts as long as [`RECEIVE_BATCH`] datagrams take to arrive at the rate seen since
 /// the last receive, so that the tail of a fast burst (an answer) is not held longer than
 /// its arrival needs; and never longer than 1/64 of the shortest smoothed RTT among the
-/// connections, at most [`MAX_RECEIVE_HOLD`]: no datagram waits longer. Nothing is held
-/// without a connection, before every connection has an RTT sample, or where RTT/64 is
-/// under [`MIN_RECEIVE_HOLD`]. Pure: times are passed in.
+/// connections, at most [`MAX_RECEIVE_HOLD`]: no datagram waits longer. No hold is shorter
+/// than [`MIN_RECEIVE_HOLD`], and nothing is held without a connection or before every
+/// connection has an RTT sample. Pure: times are passed in.
 #[derive(Debug, Default)]
 struct Moderation {
     /// The longest hold the connections allow; zero holds nothing.
@@ -1121,10 +1125,13 @@ struct Moderation {
 impl Moderation {
     /// A receive at `now` found `datagrams`.
     fn received(&mut self, now: Instant, datagrams: u64) {
-        let holding = self.until.is_some_and(|t| t > now);
-        if datagrams == 0 && holding {
+        if self.until.is_some_and(|t| t > now) && datagrams <= 1 {
             // Woken during a hold for something else (room to send, a socket error, a
-            // report that was already on its way): the hold goes on.
+            // report of a datagram that came before the socket was unwatched): the hold
+            // goes on, and the pace at its end is counted from here.
+            if datagrams == 1 {
+                self.last = Some(now);
+            }
             return;
         }
         let since = self.last.map(|t| now.saturating_duration_since(t));
@@ -1136,7 +1143,7 @@ impl Moderation {
         // keep the socket unwatched for another hold.
         let recent = since.is_some_and(|s| s < self.cap);
         let streaming = datagrams >= 2 || (datagrams == 1 && recent && self.until.is_none());
-        if !streaming || self.cap.is_zero() {
+        if !streaming {
             self.until = None;
             return;
         }
@@ -1145,16 +1152,26 @@ impl Moderation {
         let hold = match since.filter(|&s| s <= 2 * self.cap) {
             Some(since) => since * RECEIVE_BATCH / u32::try_from(datagrams).unwrap_or(u32::MAX),
             None => self.cap,
-        };
-        self.until = Some(now + hold.min(self.cap));
+        }
+        .min(self.cap);
+        // A hold too short to be worth a timer wake-up: arrivals that fast fill a batch in
+        // the time a wake-up takes.
+        self.until = (hold >= MIN_RECEIVE_HOLD).then(|| now + hold);
     }
 
-    /// The longest hold the connections now allow; a hold under way is cut to it.
-    fn set_cap(&mut self, cap: Duration) {
+    /// The longest hold the connections now allow (at `now`); a hold under way is cut to
+    /// it, and ends if that is past.
+    fn set_cap(&mut self, cap: Duration, now: Instant) {
         self.cap = cap;
         if let (Some(until), Some(last)) = (self.until, self.last) {
-            self.until = Some(until.min(last + cap));
+            let until = until.min(last + cap);
+            self.until = (until > now).then_some(until);
         }
+    }
+
+    /// Receives keep failing: try again after the longest hold, not at once.
+    fn back_off(&mut self, now: Instant) {
+        self.until = Some(now + MAX_RECEIVE_HOLD);
     }
 
     fn is_holding(&self) -> bool {

@@ -145,7 +145,7 @@ impl Watched {
     }
 
     /// Reports arrivals (`read`) and room to send (`write`) from now on, or not. Returns
-    /// whether something now watched for is already there, which will not be reported:
+    /// whether something now watched for is already there, which may not be reported:
     /// the caller receives or sends before it waits.
     ///
     /// (The kernel reports what a change of the set finds ready only when the socket was
