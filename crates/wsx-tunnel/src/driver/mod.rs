@@ -33,7 +33,8 @@
 //! Receive moderation: the same datagrams would also wake the I/O task one at a time, each
 //! wake-up a context switch. While they stream in, the task stops watching the socket for
 //! a hold after each receive (as long as eight arrivals take, at most RTT/64 and 1 ms; none
-//! under 50 µs or without a connection) and takes what came meanwhile in one batch; see [`Moderation`] and, for how the socket is watched, `socket::Watched`.
+//! under 50 µs or without a connection) and takes what came meanwhile in one batch; see
+//! `Moderation` and, for how the socket is watched, `socket::Watched`.
 //!
 //! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
