@@ -146,6 +146,10 @@ struct Stream {
     write_blocked: bool,
     /// ...and by a queue of unsent bytes, rather than for want of acknowledgments.
     blocked_by_queue: bool,
+    /// A writer blocked by a queue is woken once its unsent bytes are down to this: half of
+    /// what it held when refused, so that it writes (and reads its source) in large steps,
+    /// not once per paced burst.
+    wake_at_unsent: u64,
     /// In `Streams::queue_blocked` (it stays there when its own sending wakes it).
     queue_listed: bool,
     /// The most bytes written and not yet sent once (unacknowledged sent bytes do not
@@ -178,6 +182,7 @@ impl Stream {
             readable_notified: false,
             write_blocked: false,
             blocked_by_queue: false,
+            wake_at_unsent: 0,
             queue_listed: false,
             unsent_limit: u64::MAX,
             dscp: 0,
@@ -293,8 +298,9 @@ pub(crate) struct Streams {
     scheduler: Box<dyn Scheduler>,
     resets: VecDeque<StreamId>,
     max_stream_data: VecDeque<StreamId>,
-    /// Streams whose writes were refused: for want of acknowledgments, and because a queue
-    /// of unsent bytes (the connection's pace, the stream's `unsent_limit`) was full.
+    /// Streams whose writes were refused: for want of acknowledgments, and while the
+    /// connection's queue of unsent bytes (its pace) was full. Those refused by their own
+    /// queue (`unsent_limit`, their share of the pace) are woken by their own sending.
     write_blocked: Vec<StreamId>,
     queue_blocked: Vec<StreamId>,
     /// Streams with a buffer larger than [`SHRINK_ABOVE`], to be given back once idle.
@@ -513,10 +519,10 @@ impl Streams {
         // A stream may always queue its minimum share, however full the connection's queue:
         // a new stream does not wait behind what an older one queued.
         let own_room = (pace / senders).max(MIN_SHARE).saturating_sub(unsent);
-        let pace_room = pace
+        let shared_room = pace
             .saturating_sub(self.unsent)
-            .max(MIN_SHARE.saturating_sub(unsent))
-            .min(own_room);
+            .max(MIN_SHARE.saturating_sub(unsent));
+        let pace_room = shared_room.min(own_room);
         let queue_room = stream.unsent_limit.saturating_sub(unsent);
         let buffer_room = stream_room.min(conn_room);
         let room = buffer_room.min(pace_room).min(queue_room) as usize;
@@ -526,9 +532,12 @@ impl Streams {
                 stream.write_blocked = true;
                 // Held back by a queue (sending makes room) or by unacknowledged bytes
                 // (an acknowledgment does): woken by what will free it, and only by that.
+                // By a queue: once its own sending drained it to half, or, if the
+                // connection's queue was full, once that one drained to half.
                 stream.blocked_by_queue = buffer_room > 0;
+                stream.wake_at_unsent = unsent / 2;
                 if stream.blocked_by_queue {
-                    if !stream.queue_listed {
+                    if shared_room == 0 && !stream.queue_listed {
                         stream.queue_listed = true;
                         self.queue_blocked.push(id);
                     }
@@ -858,8 +867,13 @@ impl Streams {
             }
             let more = stream.wants_to_send(self.send_max_data - self.sent_data);
             stream.queued = more;
-            if bytes > 0 && stream.write_blocked && stream.blocked_by_queue {
-                // Sending freed room in its own queue. (Its entry in the list stays; waking
+            let unsent = stream.send.written() - stream.send.sent_offset();
+            if bytes > 0
+                && stream.write_blocked
+                && stream.blocked_by_queue
+                && unsent <= stream.wake_at_unsent
+            {
+                // Sending drained its own queue to half. (Its entry in the list stays; waking
                 // skips a stream no longer blocked.)
                 stream.write_blocked = false;
                 self.events.push_back(StreamEvent::Writable(id));
@@ -1162,9 +1176,8 @@ mod tests {
     use super::*;
     use crate::wire::frame::{Frame, Frames};
 
-    /// The PUSH bits of the STREAM frames a side sends for `writes` (written before the frames
-    /// are built), to a peer that parses PUSH or not, `packet` bytes per packet.
-    fn push_bits(peer_push: bool, writes: &[usize], packet: usize) -> Vec<bool> {
+    /// Streams with 1 MiB windows and buffers, toward a peer that parses PUSH or not.
+    fn streams(peer_push: bool) -> Streams {
         let limits = StreamLimits {
             max_remote_streams: 16,
             stream_window: 1 << 20,
@@ -1178,27 +1191,70 @@ mod tests {
             connection_window: 1 << 20,
             push: peer_push,
         };
-        let mut streams = Streams::new(true, limits, peer);
+        Streams::new(true, limits, peer)
+    }
+
+    /// Builds one packet of `packet` bytes; the PUSH bits of its STREAM frames, none when
+    /// nothing was sent.
+    fn send_packet(streams: &mut Streams, packet: usize) -> Vec<bool> {
+        let now = crate::test_epoch();
+        let mut buf = vec![0u8; packet];
+        let mut w = Writer::new(&mut buf);
+        let (mut sent, mut mark) = (Vec::new(), BurstMark::default());
+        if streams.write_stream_frames(now, &mut w, &mut sent, &mut mark) == 0 {
+            return Vec::new();
+        }
+        let n = w.len();
+        Frames::new(&buf[..n])
+            .filter_map(|frame| match frame {
+                Ok(Frame::Stream(f)) => Some(f.push),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The PUSH bits of the STREAM frames a side sends for `writes` (written before the frames
+    /// are built), to a peer that parses PUSH or not, `packet` bytes per packet.
+    fn push_bits(peer_push: bool, writes: &[usize], packet: usize) -> Vec<bool> {
+        let mut streams = streams(peer_push);
         let id = streams.open(StreamMeta::default()).expect("room");
         for &n in writes {
             assert_eq!(streams.write(id, &vec![1; n], u64::MAX), Ok(n));
         }
-        let now = crate::test_epoch();
         let mut bits = Vec::new();
         loop {
-            let mut buf = vec![0u8; packet];
-            let mut w = Writer::new(&mut buf);
-            let (mut sent, mut mark) = (Vec::new(), BurstMark::default());
-            if streams.write_stream_frames(now, &mut w, &mut sent, &mut mark) == 0 {
+            let frames = send_packet(&mut streams, packet);
+            if frames.is_empty() {
                 return bits;
             }
-            let n = w.len();
-            for frame in Frames::new(&buf[..n]) {
-                if let Ok(Frame::Stream(f)) = frame {
-                    bits.push(f.push);
+            bits.extend(frames);
+        }
+    }
+
+    /// A writer refused for want of queue room is woken once, when its stream's sending has
+    /// drained the queue to half of what it held: not by every packet that takes some.
+    #[test]
+    fn a_writer_held_back_by_its_queue_is_woken_once_it_drained_to_half() {
+        let mut streams = streams(true);
+        let id = streams.open(StreamMeta::default()).expect("room");
+        streams.set_unsent_limit(id, 10_000);
+        assert_eq!(streams.write(id, &[1; 12_000], u64::MAX), Ok(10_000));
+        assert_eq!(
+            streams.write(id, &[1; 2_000], u64::MAX),
+            Err(StreamError::Blocked)
+        );
+        while streams.poll_event().is_some() {}
+        let mut woken = Vec::new();
+        while !send_packet(&mut streams, 1_200).is_empty() {
+            while let Some(event) = streams.poll_event() {
+                if event == StreamEvent::Writable(id) {
+                    woken.push(streams.send_unsent());
                 }
             }
         }
+        assert_eq!(woken.len(), 1, "woken with {woken:?} unsent");
+        // The first packet that took the queue to 5,000 bytes or below.
+        assert!((5_000 - 1_200..=5_000).contains(&woken[0]), "{woken:?}");
     }
 
     #[test]
