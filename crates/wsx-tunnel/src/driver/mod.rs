@@ -36,7 +36,7 @@
 //! under 50 µs or without a connection) and takes what came meanwhile in one batch; see
 //! `Moderation` and, for how the socket is watched, `socket::Watched`.
 //!
-//! Pacing: the core releases one burst (~1 ms of data, one GSO send) when the pacer allows
+//! Pacing: the core releases one burst (~2 ms of data, one GSO send) when the pacer allows
 //! it and otherwise reports the next departure through `poll_timeout`; the driver sleeps on a
 //! timerfd until then (see `timer.rs` for why not tokio's timer).
 //!

@@ -1,8 +1,8 @@
 //! The driver's wake-up timer: a `timerfd` registered with tokio's reactor.
 //!
-//! Pacing releases a burst about every millisecond (`pacing::BURST_INTERVAL`). tokio's own
+//! Pacing releases a burst every 2 ms or less (`pacing::BURST_INTERVAL`). tokio's own
 //! timer wheel has millisecond granularity and rounds deadlines up, so bursts would leave up
-//! to a whole interval late and the pacer's catch-up allowance would be used up by the timer
+//! to half an interval late and the pacer's catch-up allowance would be used up by the timer
 //! alone. A timerfd fires at the requested nanosecond (within the kernel's hrtimer slack,
 //! ~50 µs by default) and wakes the same epoll loop as the socket.
 
