@@ -939,6 +939,11 @@ impl Io {
                 .fetch_add(1, Ordering::Relaxed);
             datagrams += self.route(now, filled);
             self.deliver(now);
+            if filled < quinn_udp::BATCH_SIZE {
+                // recvmmsg stops at an empty socket: another call would only say so.
+                drained = true;
+                break;
+            }
         }
         self.undrained = !drained;
         self.moderation.received(now, datagrams);
