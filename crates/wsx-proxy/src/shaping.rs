@@ -45,12 +45,14 @@ use wsx_tunnel::driver::Tunnel;
 use wsx_tunnel::{RoundRobin, Scheduler, StreamId, Turn};
 
 /// A scenario's buffer when its configuration sets none: what its sessions may hold in the
-/// gateway, written by their clients and not yet sent. The client's side refills it within
-/// a LAN round trip, so it only has to outlast that; more is queueing delay.
+/// gateway, written by their clients and not yet sent. A session's relay tops its share up
+/// from its own buffer once the share has drained to half, and reads its client meanwhile
+/// (a LAN round trip), so half of it only has to outlast that; more is queueing delay.
 pub const DEFAULT_BUFFER: u64 = 256 * 1024;
 
 /// Each flow may hold at least this much, however many share its scenario's buffer: one
-/// relay buffer's worth, so that a flow never waits on its own buffer.
+/// relay buffer's worth, so that a flow never waits on its own buffer (the relay, woken
+/// with 32 KiB of it left, writes what it holds at once).
 pub const MIN_FLOW_BUFFER: u64 = 64 * 1024;
 
 /// The scenario unmatched sessions belong to: an implicit leaf under the root at the

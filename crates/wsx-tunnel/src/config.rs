@@ -48,7 +48,8 @@ pub struct TransportConfig {
     pub handshake_attempts: u32,
     /// Forward error correction of what this side sends.
     pub fec: FecMode,
-    /// The most parity per data packet FEC may add (0.25: a quarter more packets).
+    /// The most parity per data packet FEC may add (0.25: a quarter more packets). Under
+    /// 1/248 no group can have a parity packet, and FEC sends none.
     pub fec_max_overhead: f64,
     /// Offer AES-256-GCM for the data packets when this CPU has AES instructions; it is used
     /// when the peer offers it too, ChaCha20-Poly1305 otherwise. `false` keeps every

@@ -18,7 +18,7 @@
 //!   [`Scheduler`] gives (by default [`RoundRobin`], equal shares); reliability after RFC
 //!   9002 (ACK ranges, packet- and time-threshold loss detection, probe timeouts); coalesced, rate-limited acknowledgements; a [`Controller`]
 //!   (the default [`Adaptive`] one decides from the loss *pattern* whether to slow down); and an
-//!   earliest-departure-time pacer that releases ~1 ms bursts sized for one GSO send.
+//!   earliest-departure-time pacer that releases ~2 ms bursts sized for one GSO send.
 //! - The `driver` feature adds a tokio + quinn-udp driver.
 //!
 //! The wire format is specified in `PROTOCOL.md` beside this crate; the code that reads and

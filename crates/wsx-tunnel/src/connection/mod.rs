@@ -291,7 +291,8 @@ impl Connection {
     /// equally among streams).
     /// Lets stream `id` hold at most `limit` bytes written and not yet sent (sent bytes
     /// awaiting acknowledgment do not count): writes block beyond it, and the stream is
-    /// writable again as soon as it sends. A shaper uses it to bound what a held-back flow
+    /// writable again once its sending drained what it held to half (or a new limit leaves
+    /// room). A shaper uses it to bound what a held-back flow
     /// queues in the gateway.
     pub fn set_unsent_limit(&mut self, id: StreamId, limit: u64) {
         self.streams.set_unsent_limit(id, limit);

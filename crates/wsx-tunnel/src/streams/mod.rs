@@ -152,6 +152,8 @@ struct Stream {
     wake_at_unsent: u64,
     /// In `Streams::queue_blocked` (it stays there when its own sending wakes it).
     queue_listed: bool,
+    /// In `Streams::write_blocked` (it stays there when a later write succeeds).
+    ack_listed: bool,
     /// The most bytes written and not yet sent once (unacknowledged sent bytes do not
     /// count): a queue bound set by the application, e.g. a shaper's buffer.
     unsent_limit: u64,
@@ -184,6 +186,7 @@ impl Stream {
             blocked_by_queue: false,
             wake_at_unsent: 0,
             queue_listed: false,
+            ack_listed: false,
             unsent_limit: u64::MAX,
             dscp: 0,
             end_read: false,
@@ -541,12 +544,15 @@ impl Streams {
                         stream.queue_listed = true;
                         self.queue_blocked.push(id);
                     }
-                } else {
+                } else if !stream.ack_listed {
+                    stream.ack_listed = true;
                     self.write_blocked.push(id);
                 }
             }
             return Err(StreamError::Blocked);
         }
+        // Room again (more acknowledged, a larger pace): a later refusal is judged afresh.
+        stream.write_blocked = false;
         if stream.note_traffic() {
             self.large.push(id);
         }
@@ -556,10 +562,17 @@ impl Streams {
         Ok(n)
     }
 
-    /// Lets stream `id` hold at most `limit` bytes written and not yet sent.
+    /// Lets stream `id` hold at most `limit` bytes written and not yet sent. A writer held
+    /// back by its queue is told to try again when the new limit leaves room (with nothing
+    /// unsent, its own sending would never wake it).
     pub(crate) fn set_unsent_limit(&mut self, id: StreamId, limit: u64) {
         if let Some(stream) = self.map.get_mut(&id) {
             stream.unsent_limit = limit;
+            let unsent = stream.send.written() - stream.send.sent_offset();
+            if stream.write_blocked && stream.blocked_by_queue && limit > unsent {
+                stream.write_blocked = false;
+                self.events.push_back(StreamEvent::Writable(id));
+            }
         }
     }
 
@@ -970,6 +983,8 @@ impl Streams {
             };
             if queue {
                 stream.queue_listed = false;
+            } else {
+                stream.ack_listed = false;
             }
             if stream.write_blocked {
                 stream.write_blocked = false;
@@ -1176,14 +1191,15 @@ mod tests {
     use super::*;
     use crate::wire::frame::{Frame, Frames};
 
-    /// Streams with 1 MiB windows and buffers, toward a peer that parses PUSH or not.
+    /// Streams with 1 MiB windows and 8 MiB send buffers, toward a peer that parses PUSH or
+    /// not.
     fn streams(peer_push: bool) -> Streams {
         let limits = StreamLimits {
             max_remote_streams: 16,
             stream_window: 1 << 20,
             connection_window: 1 << 20,
-            stream_send_buffer: 1 << 20,
-            connection_send_buffer: 1 << 20,
+            stream_send_buffer: 8 << 20,
+            connection_send_buffer: 8 << 20,
         };
         let peer = PeerLimits {
             max_streams: 16,
@@ -1255,6 +1271,65 @@ mod tests {
         assert_eq!(woken.len(), 1, "woken with {woken:?} unsent");
         // The first packet that took the queue to 5,000 bytes or below.
         assert!((5_000 - 1_200..=5_000).contains(&woken[0]), "{woken:?}");
+    }
+
+    /// Sends 1,200-byte packets until `id` is reported writable; its unsent bytes then.
+    fn send_until_writable(streams: &mut Streams, id: StreamId) -> Option<u64> {
+        while streams.poll_event().is_some() {}
+        while !send_packet(streams, 1_200).is_empty() {
+            while let Some(event) = streams.poll_event() {
+                if event == StreamEvent::Writable(id) {
+                    return Some(streams.send_unsent());
+                }
+            }
+        }
+        None
+    }
+
+    /// A write that succeeds between two refusals ends the first: the second refusal's
+    /// queue (here its share of a larger pace) sets when the writer is woken.
+    #[test]
+    fn a_writer_is_woken_at_half_of_its_latest_refusal() {
+        const PACE: u64 = 1 << 18;
+        let mut streams = streams(true);
+        let id = streams.open(StreamMeta::default()).expect("room");
+        // A second sender: each may queue half the pace, and a stream refused for its own
+        // share is not waiting for the connection's queue.
+        streams.open(StreamMeta::default()).expect("room");
+        let data = vec![1u8; 4 * PACE as usize];
+        assert_eq!(streams.write(id, &data, PACE), Ok(PACE as usize / 2));
+        assert_eq!(streams.write(id, &data, PACE), Err(StreamError::Blocked));
+        assert!(!send_packet(&mut streams, 1_200).is_empty());
+        // The pace quadrupled: room again, then refused at the new share.
+        streams
+            .write(id, &data, 4 * PACE)
+            .expect("room under the larger pace");
+        assert_eq!(streams.send_unsent(), 2 * PACE);
+        assert_eq!(
+            streams.write(id, &data, 4 * PACE),
+            Err(StreamError::Blocked)
+        );
+        let woken = send_until_writable(&mut streams, id).expect("woken");
+        assert!((PACE - 1_200..=PACE).contains(&woken), "{woken}");
+    }
+
+    /// A writer held back by an unsent limit of zero has nothing to send that would wake
+    /// it: raising the limit does.
+    #[test]
+    fn raising_the_unsent_limit_wakes_a_writer_it_held_back() {
+        let mut streams = streams(true);
+        let id = streams.open(StreamMeta::default()).expect("room");
+        streams.set_unsent_limit(id, 0);
+        assert_eq!(
+            streams.write(id, &[1; 100], u64::MAX),
+            Err(StreamError::Blocked)
+        );
+        while streams.poll_event().is_some() {}
+        streams.set_unsent_limit(id, 0);
+        assert_eq!(streams.poll_event(), None, "no room yet");
+        streams.set_unsent_limit(id, 50);
+        assert_eq!(streams.poll_event(), Some(StreamEvent::Writable(id)));
+        assert_eq!(streams.write(id, &[1; 100], u64::MAX), Ok(50));
     }
 
     #[test]

@@ -562,8 +562,8 @@ fn a_scheduler_that_holds_streams_sets_the_pace() {
 }
 
 /// A stream bounded to 4,000 unsent bytes (a shaper's queue bound) refuses writes beyond
-/// them, and is writable again as soon as it sends, well before any acknowledgment could
-/// come back.
+/// them, and is writable again once its sending drained the queue to half, well before any
+/// acknowledgment could come back.
 #[test]
 fn a_queue_bound_on_unsent_bytes_frees_room_by_sending() {
     let mut pair = pair(LinkConfig::new(RTT, 20), 13);
