@@ -83,6 +83,11 @@ impl SendBuf {
         self.unsent
     }
 
+    /// Bytes written and never sent.
+    pub(crate) fn unsent_bytes(&self) -> u64 {
+        self.written() - self.unsent
+    }
+
     /// Whether a frame is waiting: lost bytes, new bytes within `max_offset` (the flow control
     /// limit), or a FIN.
     pub(crate) fn has_pending(&self, max_offset: u64) -> bool {
