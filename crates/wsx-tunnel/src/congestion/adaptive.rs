@@ -48,6 +48,10 @@
 //! **Application-limited samples.** A delivery sample taken while the sender had nothing to
 //! send measures the application: it may raise the estimate, never lower it, and it never
 //! stands for the path when congestion resets the estimate (that backs off to 70 % instead).
+//! Before the first estimate, the initial window per minimum RTT stands for it: the ACK of
+//! the handshake's confirming PING once set the estimate to a few bytes a second and the
+//! first window to eight packets. That initial rate follows the minimum RTT down, so an
+//! initiation that waited for address resolution does not pace the first round.
 //! A flight shorter than a round trip (an answer) is also timed where it arrives
 //! (`delivery.rs`), so Rapid Start's gain raises the estimate answer by answer towards the
 //! path's rate: these rounds never count towards a full pipe, and the estimate keeps what
@@ -157,7 +161,6 @@ pub struct Adaptive {
     /// The bottleneck estimate when the last probe began, and how many cycles in a row it grew.
     probe_base: u64,
     growing_cycles: u32,
-    initial_rate: u64,
     initial_window: u64,
     pacing_rate: u64,
     window: u64,
@@ -175,7 +178,6 @@ impl Adaptive {
         let initial_window =
             config.initial_window_packets.max(MIN_WINDOW_PACKETS) * params.max_datagram;
         let min_rtt = params.initial_rtt.max(Duration::from_micros(100));
-        let initial_rate = rate_of(initial_window, min_rtt);
         let mut this = Self {
             max_datagram: params.max_datagram,
             peer_ack_delay: params.peer_ack_delay,
@@ -195,9 +197,8 @@ impl Adaptive {
             cycle_start: now,
             probe_base: 0,
             growing_cycles: 0,
-            initial_rate,
             initial_window,
-            pacing_rate: scale(initial_rate, RAPID_START_GAIN),
+            pacing_rate: scale(rate_of(initial_window, min_rtt), RAPID_START_GAIN),
             window: scale(initial_window, RAPID_START_WINDOW_GAIN),
             in_flight: 0,
             pattern: LossPattern::new(),
@@ -221,6 +222,18 @@ impl Adaptive {
         }
     }
 
+    /// The rate the controller works from: the bottleneck estimate, or before there is one,
+    /// the initial window per minimum RTT. The latter follows the minimum RTT down: the
+    /// handshake's sample can stand well above the path's (the initiator's first datagram
+    /// waits for address resolution, or for the peer to come up), and the first round
+    /// should not be paced by it.
+    fn rate(&self) -> u64 {
+        match self.bottleneck.get() {
+            0 => rate_of(self.initial_window, self.min_rtt),
+            rate => rate,
+        }
+    }
+
     fn pacing_gain(&self) -> u64 {
         match self.phase {
             Phase::RapidStart => RAPID_START_GAIN,
@@ -230,10 +243,7 @@ impl Adaptive {
     }
 
     fn update_outputs(&mut self) {
-        let rate = match self.bottleneck.get() {
-            0 => self.initial_rate,
-            rate => rate,
-        };
+        let rate = self.rate();
         let pacing = scale(rate, self.pacing_gain());
         // Rapid Start never slows down: early samples can undershoot while the first flights
         // are still being acknowledged.
@@ -361,6 +371,8 @@ impl Controller for Adaptive {
         if let Some(sample) = ack.rate {
             // A sample the application limited measures the application: it may raise the
             // estimate, never lower it (nor stand for the path after a congestion verdict).
+            // Before the first estimate, the estimate is the initial rate: the ACK of the
+            // handshake's confirming PING must not shrink the first window to a few packets.
             if sample.app_limited {
                 self.app_limited_since = true;
             } else {
@@ -368,7 +380,7 @@ impl Controller for Adaptive {
                 self.app_limited_since = false;
             }
             self.round_app_limited |= sample.app_limited;
-            if !sample.app_limited || sample.rate >= self.bottleneck.get() {
+            if !sample.app_limited || sample.rate >= self.rate() {
                 self.bottleneck.update(self.round, sample.rate);
             }
         }
@@ -528,6 +540,45 @@ mod tests {
         // A shorter path counts at once.
         c.update_min_rtt(start + 40 * second, 30 * MS);
         assert_eq!(c.min_rtt, 30 * MS);
+    }
+
+    /// Before the first estimate, a trickle's sample (the ACK of the handshake's PING) leaves
+    /// the first window and pacing rate as they were, and a smaller RTT than the handshake's
+    /// raises the initial pacing rate.
+    #[test]
+    fn the_first_window_is_not_set_by_a_trickle() {
+        let start = crate::test_epoch();
+        let params = PathParams {
+            max_datagram: 1400,
+            initial_rtt: 150 * MS,
+            peer_ack_delay: 25 * MS,
+            hint: None,
+        };
+        let mut c = Adaptive::new(&AdaptiveConfig::default(), start, &params);
+        let (window, pacing) = (c.window(), c.pacing_rate());
+        assert!(window > 32 * 1400 * 2, "window {window}");
+        let rtt = crate::rtt::RttEstimator::new(100 * MS);
+        let ack = AckEvent {
+            acked_bytes: 40,
+            acked_packets: 1,
+            in_flight: 0,
+            rtt: &rtt,
+            rtt_sample: Some(100 * MS),
+            rate: Some(super::super::RateSample {
+                rate: 400,
+                interval: 100 * MS,
+                app_limited: true,
+            }),
+            prior_delivered: 0,
+            delivered: 40,
+        };
+        c.on_ack(start + 150 * MS, &ack);
+        assert_eq!(c.bottleneck.get(), 0);
+        assert!(c.window() >= window, "{} < {window}", c.window());
+        // 32 packets per 100 ms instead of per 150 ms.
+        let expected = scale(rate_of(32 * 1400, 100 * MS), RAPID_START_GAIN);
+        assert_eq!(c.pacing_rate(), expected);
+        assert!(c.pacing_rate() > pacing);
     }
 
     /// A controller that knows the path (12.5 MB/s), given one delivery sample at `sampled`

@@ -218,9 +218,12 @@ impl Connection {
         let probing = self.recovery.probes() > 0;
         let rate = self.recovery.pacing_rate(self.config.max_rate);
         self.held_until = self.held_until(now);
-        if self.held_until.is_some() && self.recovery.window_room() > 0 {
-            // Held by the scheduler's rate, not by the path: delivery samples taken now
-            // must not lower the estimate of what the path carries.
+        let nothing_queued = !self.streams.has_pending() && !self.control.has_queued();
+        if (nothing_queued || self.held_until.is_some()) && self.recovery.window_room() > 0 {
+            // The application has nothing waiting (what leaves is a PING, a probe or a
+            // retransmission), or the scheduler's rate holds it back: delivery samples of
+            // what is sent now measure that, not what the path carries, and must not lower
+            // the estimate of it. The handshake's confirming PING is such a packet.
             self.recovery.on_app_limited();
         }
         let data_packets = self.data_burst(now, slots, max, rate);

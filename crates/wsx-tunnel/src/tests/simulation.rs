@@ -181,6 +181,46 @@ fn reaches_90_percent_within_ten_round_trips() {
     );
 }
 
+/// Which side initiated the handshake does not change how fast a transfer ramps up. The
+/// initiator confirms the keys with a PING; its ACK is the connection's first delivery
+/// sample (a few bytes per round trip), and it once became the bottleneck estimate: the
+/// initiator's first window shrank from 2.9 initial windows to eight packets, and its
+/// transfers delivered a round trip later than the responder's (the gateways' "bimodal
+/// cold start": two gateways that start together initiate at once, and which one wins is
+/// decided by their keys). The handshake's RTT sample is also inflated here, as an
+/// initiation that waits for address resolution inflates it: the first round is paced by
+/// the minimum RTT known when it starts, not by that sample.
+#[test]
+fn the_initiator_ramps_up_as_fast_as_the_responder() {
+    let first_rounds = |from: usize| {
+        let forward = LinkConfig::new(RTT, 100);
+        let reverse = LinkConfig::new(RTT, 100);
+        let config = crate::testing::transport_config();
+        let mut pair = Pair::with_config(crate::test_epoch(), forward, reverse, 12, config);
+        // The initiation waits 50 ms on its way (the first datagram to a new neighbour).
+        pair.set_delay(0, RTT / 2 + 50 * MS);
+        pair.initiate(0);
+        pair.step();
+        pair.set_delay(0, RTT / 2);
+        pair.connect();
+        // The session arrives after the handshake's PING was acknowledged, as in the lab.
+        let idle_until = pair.now + 150 * MS;
+        pair.run_until(Duration::from_secs(1), |p| p.now >= idle_until);
+        let mut transfers = Transfers::new(from);
+        transfers.start(&mut pair, 1 << 40);
+        run_for(&mut pair, &mut transfers, Duration::from_millis(500));
+        transfers.delivered[..4].to_vec()
+    };
+    let initiator = first_rounds(0);
+    let responder = first_rounds(1);
+    let (i, r) = (initiator.iter().sum::<u64>(), responder.iter().sum::<u64>());
+    assert!(
+        i as f64 >= 0.9 * r as f64,
+        "the first four round trips delivered {i} bytes from the initiator, {r} from the \
+         responder: {initiator:?} against {responder:?}"
+    );
+}
+
 /// A tunnel that idled first (only keepalive PINGs crossing it for many rounds) still ramps
 /// up like a fresh one: rounds in which the sender had nothing to send say nothing about
 /// whether the pipe is full.
@@ -328,24 +368,38 @@ fn answers_after_bulk_keep_the_learned_rate() {
     assert!(median <= 1.07, "median exchange {median:.3} RTT: {took:?}");
 }
 
-/// When the bottleneck halves, the controller sees congestion (not random loss) and the
-/// loss rate falls below 3 % within two round trips.
+/// When the bottleneck halves, the controller sees congestion (not random loss), the loss
+/// rate falls below 3 % within two round trips, and the link stays in use at its new rate.
+///
+/// Whether one run meets all three depends on its seed: over seeds 8-21, two to three miss
+/// one check (a 100 ms window two RTTs after detection losing 3-14 %, when the overflow's
+/// first losses were taken for random loss; or utilization 0.80-0.84 after the halving),
+/// with 1 ms or 2 ms pacing bursts, before and after the handshake's PING stopped setting
+/// the first estimate. A single seed flipped with unrelated changes to the start-up, so the
+/// test runs all fourteen and allows three misses: a controller that no longer yields to a
+/// shrinking bottleneck misses them all.
 #[test]
 fn when_the_bottleneck_halves_loss_settles_within_two_round_trips() {
+    let misses: Vec<(u64, String)> = (8..22)
+        .filter_map(|seed| halving(seed).err().map(|why| (seed, why)))
+        .collect();
+    assert!(
+        misses.len() <= 3,
+        "{} seeds of 14 missed: {misses:#?}",
+        misses.len()
+    );
+}
+
+/// One run of [`when_the_bottleneck_halves_loss_settles_within_two_round_trips`]: the
+/// first check it misses, if any.
+fn halving(seed: u64) -> Result<(), String> {
     // With adaptive FEC, as deployed: the overflow's losses are the controller's verdict,
     // not the path's loss rate, so they buy no parity that would crowd out the data.
     let config = TransportConfig {
         fec: FecMode::Adaptive,
         ..TransportConfig::default()
     };
-    // The outcome depends on the seed. Seed 7, which this test used before path MTU
-    // discovery, then failed: with 1,452-byte datagrams the controller took the overflow for
-    // random loss (1,153 of 1,158 losses) and the loss rate stood at 9.5 % two round trips
-    // after detection. Seed 8 followed, until bursts of 2 ms: the halving was then detected
-    // by delay before any loss, and one 100 ms window 300 ms later lost 4.3 % (19 packets).
-    // Over seeds 8-21, 2 ms bursts fail one of the two checks for three seeds (8, 14, 19:
-    // the blip, utilization 0.84 and 0.83), 1 ms bursts for two (18, 20).
-    let mut pair = pair_with(LinkConfig::new(RTT, 100).with_loss(0.001), 9, config);
+    let mut pair = pair_with(LinkConfig::new(RTT, 100).with_loss(0.001), seed, config);
     let mut transfers = endless_stream(&mut pair);
     run_for(&mut pair, &mut transfers, Duration::from_secs(5));
     let events_before = congestion_events(&mut pair);
@@ -362,23 +416,26 @@ fn when_the_bottleneck_halves_loss_settles_within_two_round_trips() {
             detected = Some(i);
         }
     }
-    let detected = detected.expect("the halving was taken for congestion");
+    let detected = detected.ok_or("the halving was not taken for congestion")?;
     // Loss over each 100 ms window starting two RTTs (20 samples) after detection.
     for start in (detected + 20..samples.len() - 10).step_by(10) {
         let (sent0, lost0) = samples[start];
         let (sent1, lost1) = samples[start + 10];
         let loss = (lost1 - lost0) as f64 / (sent1 - sent0).max(1) as f64;
-        assert!(
-            loss < 0.03,
-            "loss {loss:.3} in the window {} ms after detection at {} ms: {:?}",
-            (start - detected) * 10,
-            detected * 10,
-            pair.client().stats()
-        );
+        if loss >= 0.03 {
+            return Err(format!(
+                "loss {loss:.3} in the window {} ms after detection at {} ms: {:?}",
+                (start - detected) * 10,
+                detected * 10,
+                pair.client().stats().congestion
+            ));
+        }
     }
-    // And the link stays in use at its new rate.
     let u = utilization(&transfers, 60, 75, RATE / 2);
-    assert!(u > 0.85, "utilization after the halving {u:.3}");
+    if u <= 0.85 {
+        return Err(format!("utilization after the halving {u:.3}"));
+    }
+    Ok(())
 }
 
 /// A route change to a longer path: once the old minimum RTT has aged out of its window,
