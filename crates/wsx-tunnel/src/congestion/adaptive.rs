@@ -32,8 +32,13 @@
 //! controller's own queue every eight rounds, so the true minimum is sampled within any window.
 //!
 //! **Losses.** Both phases hand every loss to the loss-pattern classifier (`loss_pattern.rs`).
-//! Random losses change nothing: the delivery rate already reflects them, so the controller
-//! keeps the link full at 1 % or 5 % loss where a loss-halving controller collapses. Congestive
+//! Random losses do not slow the sender, so the controller keeps the link full at 1 % or
+//! 5 % loss where a loss-halving controller collapses. The estimate is a delivery rate and
+//! counts only what arrived, so the pacing rate is raised by the random-loss rate the
+//! classifier learned, `1 / (1 - p)`: otherwise the share the line loses is a share the
+//! bottleneck idles where the line drops packets before it (5 % loss without FEC kept 84-85
+//! % of the lab's link instead of 92 %). Losses FEC repairs are acknowledged and count as
+//! arrived. Congestive
 //! losses (a full queue, loss above the line's own rate, clustered losses) reset the bottleneck
 //! estimate to the most recent delivery rate — the rate the bottleneck actually gave us — and
 //! drain for one round, which removes the overflow within about an RTT of its detection. Unlike
@@ -99,6 +104,9 @@ const PROBE_GROWTH: u64 = 1150;
 /// The longest an Optimal drain phase (0.75×) lasts, in minimum RTTs, when the queue does
 /// not empty sooner (another flow keeps it full).
 const MAX_DRAIN_ROUNDS: u32 = 3;
+/// The most random loss the pacing rate makes up for (see `for_random_loss`): beyond it
+/// the line is broken rather than lossy, and sending a third more is no answer.
+const MAX_COMPENSATED_LOSS: f64 = 0.25;
 /// How long a minimum RTT stands unless it is seen again. The Optimal cycle empties its own
 /// queue every eight rounds, so the path's true minimum is sampled many times per window; a
 /// path that got longer (a route change) is believed after one to two windows.
@@ -244,7 +252,7 @@ impl Adaptive {
 
     fn update_outputs(&mut self) {
         let rate = self.rate();
-        let pacing = scale(rate, self.pacing_gain());
+        let pacing = self.for_random_loss(scale(rate, self.pacing_gain()));
         // Rapid Start never slows down: early samples can undershoot while the first flights
         // are still being acknowledged.
         self.pacing_rate = if self.phase == Phase::RapidStart {
@@ -338,6 +346,21 @@ impl Adaptive {
             self.min_rtt = self.window_min_rtt;
             self.window_min_rtt = sample;
             self.window_start = now;
+        }
+    }
+
+    /// `rate` raised by the line's random-loss rate: the estimate counts what arrived, and
+    /// to have that arrive the sender must also send what the line loses on the way. Where
+    /// the line loses packets before the bottleneck (the estimate is then the bottleneck's
+    /// rate), the bottleneck would otherwise idle for that share; where it loses them after
+    /// (the estimate is the bottleneck's rate less the losses), this is the bottleneck's
+    /// rate. Losses FEC repaired are acknowledged, so they count as arrived and not here.
+    fn for_random_loss(&self, rate: u64) -> u64 {
+        match self.pattern.base_loss() {
+            Some(loss) if loss > 0.0 => {
+                (rate as f64 / (1.0 - loss.min(MAX_COMPENSATED_LOSS))).round() as u64
+            }
+            _ => rate,
         }
     }
 

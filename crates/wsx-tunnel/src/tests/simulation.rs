@@ -79,6 +79,29 @@ fn five_percent_random_loss_keeps_80_percent() {
 
 /// The tunnel's own reliability costs few reverse packets: at steady state at most one per
 /// twenty forward data packets (TCP sends one per two).
+/// Without FEC, the pacing rate makes up for what the line loses at random: the estimate
+/// counts only what arrived, and the losses here take their share of the bottleneck before
+/// the line drops them. Paced at the estimate alone, 5 % loss kept 87.4-87.8 % (seeds 1 and
+/// 2); the ideal is 95 % less the packets' overhead.
+#[test]
+fn without_fec_five_percent_random_loss_keeps_90_percent() {
+    let config = TransportConfig {
+        fec: FecMode::Off,
+        ..crate::testing::transport_config()
+    };
+    for seed in [1, 2] {
+        let mut pair = pair_with(
+            LinkConfig::new(RTT, 100).with_loss(0.05),
+            seed,
+            config.clone(),
+        );
+        let mut transfers = endless_stream(&mut pair);
+        run_for(&mut pair, &mut transfers, Duration::from_secs(21));
+        let u = utilization(&transfers, 30, 200, RATE);
+        assert!(u >= 0.90, "seed {seed}: utilization {u:.4}");
+    }
+}
+
 #[test]
 fn reverse_packets_are_at_most_one_per_twenty_data_packets() {
     for loss in [0.0, 0.01] {
