@@ -37,6 +37,16 @@ pub struct LossStats {
     pub mean_burst: f64,
 }
 
+impl LossStats {
+    /// Whether losses come in runs: a mean run that rounds to two packets or more, as the
+    /// model rounds it. A run looks like a queue overflowing to a congestion controller
+    /// that reads loss patterns, so repairing runs is worth parity even where resending
+    /// would cost the transfer no time.
+    pub fn in_runs(&self) -> bool {
+        self.mean_burst >= 1.5
+    }
+}
+
 /// The operator's and the product's limits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Policy {
@@ -206,14 +216,23 @@ fn poisson_tail(lambda: f64, j: u32) -> f64 {
 const WINDOW: u32 = 1000;
 /// Longer runs of consecutive losses are overflow, not the path's own loss.
 const OVERFLOW_RUN: u32 = 8;
+/// Recent losses kept to find the neighbours of a new one: runs are found whatever order
+/// the losses are learned in (a loss declared by the sender's thresholds and its neighbour
+/// rebuilt by the receiver are learned from different ACKs).
+const RECENT_LOSSES: usize = 16;
 
-/// Measures the loss rate and the burst length from packet outcomes, in (roughly) packet
-/// number order: a packet is lost if the receiver did not get it, whether or not parity
-/// rebuilt it.
+/// Measures the loss rate and the burst length from packet outcomes: a packet is lost if
+/// the receiver did not get it, whether or not parity rebuilt it. Outcomes come roughly in
+/// packet number order, but losses of one run may come in any order.
 #[derive(Debug, Clone)]
 pub struct LossMeter {
     packets: u32,
     lost: u32,
+    /// Pairs of consecutive packet numbers among this window's losses: a run of `n` losses
+    /// has `n - 1`, so the window's losses form `lost - adjacent` runs.
+    adjacent: u32,
+    recent: [u64; RECENT_LOSSES],
+    next_recent: usize,
     /// Losses of packets numbered below this are a queue's overflow (see `on_overflow`).
     overflow_below: u64,
     rate: Option<f64>,
@@ -227,6 +246,9 @@ impl Default for LossMeter {
         Self {
             packets: 0,
             lost: 0,
+            adjacent: 0,
+            recent: [u64::MAX; RECENT_LOSSES],
+            next_recent: 0,
             overflow_below: 0,
             rate: None,
             last_lost: None,
@@ -243,6 +265,14 @@ impl LossMeter {
         self.packets += 1;
         if lost {
             self.lost += 1;
+            let neighbours = self
+                .recent
+                .iter()
+                .filter(|&&r| r != u64::MAX && r.abs_diff(pn) == 1)
+                .count();
+            self.adjacent += neighbours as u32;
+            self.recent[self.next_recent] = pn;
+            self.next_recent = (self.next_recent + 1) % RECENT_LOSSES;
             if self.last_lost.is_some_and(|l| pn == l + 1) {
                 self.run += 1;
             } else {
@@ -257,8 +287,14 @@ impl LossMeter {
                 None => window,
                 Some(rate) => 0.7 * rate + 0.3 * window,
             });
+            if self.lost > 0 {
+                let runs = self.lost.saturating_sub(self.adjacent).max(1);
+                let burst = f64::from(self.lost) / f64::from(runs);
+                self.burst = 0.7 * self.burst + 0.3 * burst;
+            }
             self.packets = 0;
             self.lost = 0;
+            self.adjacent = 0;
         }
     }
 
@@ -280,8 +316,7 @@ impl LossMeter {
         }
         if self.run > OVERFLOW_RUN {
             self.lost = self.lost.saturating_sub(self.run);
-        } else {
-            self.burst = 0.9 * self.burst + 0.1 * f64::from(self.run);
+            self.adjacent = self.adjacent.saturating_sub(self.run - 1);
         }
         self.run = 0;
     }
@@ -549,6 +584,36 @@ mod tests {
             "{:?}",
             meter.stats()
         );
+    }
+
+    /// The losses of a run may be learned in any order (one declared lost by the sender,
+    /// its neighbours reported rebuilt by the receiver in a later ACK): runs of 3 learned
+    /// as 2, 0, 1 still measure 3. Counted by consecutive arrival, they measured 1.2-1.35
+    /// in the tunnel's simulation of bursts of 3.
+    #[test]
+    fn runs_learned_out_of_order_measure_their_length() {
+        let mut meter = LossMeter::default();
+        for base in (0..100_000u64).step_by(150) {
+            for pn in base..base + 150 {
+                if pn >= base + 3 {
+                    meter.on_packet(pn, false);
+                }
+            }
+            for pn in [base + 2, base, base + 1] {
+                meter.on_packet(pn, true);
+            }
+        }
+        let s = meter.stats();
+        assert!((s.loss_rate - 0.02).abs() < 0.002, "{s:?}");
+        assert!((s.mean_burst - 3.0).abs() < 0.1, "{s:?}");
+        assert!(s.in_runs());
+        // Independent losses, every 50th packet, are not runs.
+        let mut meter = LossMeter::default();
+        for pn in 0..100_000u64 {
+            meter.on_packet(pn, pn % 50 == 0);
+        }
+        assert!(meter.stats().mean_burst < 1.05, "{:?}", meter.stats());
+        assert!(!meter.stats().in_runs());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use super::recovery::SentFrame;
 use super::{BASE_DATAGRAM, Connection, State};
+use crate::congestion::bytes_in;
 use crate::crypto::TAG_LEN;
 use crate::pacing::Pacer;
 use crate::streams::BurstMark;
@@ -235,8 +236,9 @@ impl Connection {
         // whole burst has that size (GSO).
         let srtt = self.rtt().smoothed();
         let next_pn = self.recovery.next_pn();
+        let flight_ending = self.streams.send_unsent() <= bytes_in(rate, srtt / 2);
         let batch_protected = self.recovery.fec.as_mut().is_some_and(|f| {
-            (data_packets > 0 || f.is_open()) && f.protect_next(now, next_pn, srtt)
+            (data_packets > 0 || f.is_open()) && f.protect_next(now, next_pn, srtt, flight_ending)
         });
         let cap = match &self.recovery.fec {
             Some(f) if batch_protected => f.max_protected().min(max),
@@ -251,7 +253,7 @@ impl Connection {
                     .recovery
                     .fec
                     .as_mut()
-                    .is_some_and(|f| f.protect_next(now, next_pn, srtt));
+                    .is_some_and(|f| f.protect_next(now, next_pn, srtt, flight_ending));
             let out = &mut buf[size..size + cap];
             let with_ack = i == 0 && (ack_due || self.acks.is_pending() && data_packets > 0);
             let with_data = i < data_packets;

@@ -31,13 +31,11 @@ fn bulk(
     [start, end]
 }
 
+/// FEC on, which protects every packet: adaptive FEC leaves a bulk transfer's independent
+/// losses to retransmission (see `adaptive_fec_leaves_bulk_losses_to_retransmission`).
 #[test]
 fn one_percent_random_loss_is_repaired_without_retransmission() {
-    let [(s0, r0), (s1, r1)] = bulk(
-        LinkConfig::new(RTT, 100).with_loss(0.01),
-        FecMode::Adaptive,
-        10,
-    );
+    let [(s0, r0), (s1, r1)] = bulk(LinkConfig::new(RTT, 100).with_loss(0.01), FecMode::On, 10);
     let recovered = s1.fec.recovered_by_peer - s0.fec.recovered_by_peer;
     let retransmitted = s1.packets_lost - s0.packets_lost;
     let share = recovered as f64 / (recovered + retransmitted) as f64;
@@ -127,20 +125,20 @@ fn burst_loss_is_interleaved_or_reported() {
     );
 }
 
-/// The per-peer setting changes on a live connection: adaptive to off stops parity from the
-/// next block, and back to adaptive starts it again under loss.
+/// The per-peer setting changes on a live connection: on to off stops parity from the next
+/// block, and back to on starts it again under loss.
 #[test]
 fn fec_mode_changes_on_a_running_connection() {
     let config = TransportConfig {
-        fec: FecMode::Adaptive,
+        fec: FecMode::On,
         ..TransportConfig::default()
     };
     let mut pair = pair_with(LinkConfig::new(RTT, 100).with_loss(0.01), 22, config);
     let mut transfers = Transfers::new(0);
     transfers.start(&mut pair, 1 << 40);
     run_for(&mut pair, &mut transfers, Duration::from_secs(4));
-    let adaptive = pair.client().stats().fec;
-    assert!(adaptive.parity_sent > 0, "{adaptive:?}");
+    let on = pair.client().stats().fec;
+    assert!(on.parity_sent > 0, "{on:?}");
 
     pair.client().set_fec(FecMode::Off, 0.25);
     // The block open at the switch still gets its parity.
@@ -153,7 +151,7 @@ fn fec_mode_changes_on_a_running_connection() {
         (switched.parity_sent, switched.packets_protected)
     );
 
-    pair.client().set_fec(FecMode::Adaptive, 0.25);
+    pair.client().set_fec(FecMode::On, 0.25);
     run_for(&mut pair, &mut transfers, Duration::from_secs(2));
     let again = pair.client().stats().fec;
     assert!(again.parity_sent > off.parity_sent, "{again:?}");
@@ -339,6 +337,46 @@ fn parity_follows_the_end_of_an_answer() {
     assert!(stats.fec.recovered_by_peer >= 20, "{stats:#?}");
     // Past the ramp (the first answers go at Rapid Start's pace).
     let mut sorted = took[10..].to_vec();
+    sorted.sort();
+    let p90 = worst_exchange(&sorted[..sorted.len() * 9 / 10]);
+    assert!(p90 <= 1.05, "p90 exchange {p90:.3} RTT: {sorted:?}");
+}
+
+/// Adaptive FEC spends parity where a loss costs a round trip, not where resending it costs
+/// nothing but the packet. A bulk transfer at 1 % independent loss sends (almost) none: a
+/// lost packet is resent while the rest of the transfer is still leaving, and at 2.9 %
+/// parity against 1 % loss the parity would cost the link more than the resent packets
+/// (the lab: 92.0-92.1 Mbit/s with parity against 93.2-93.3 without). The answers of a
+/// request/response exchange, each a flight that ends within a round trip, are protected.
+#[test]
+fn adaptive_fec_leaves_bulk_losses_to_retransmission() {
+    let [(s0, _), (s1, _)] = bulk(
+        LinkConfig::new(RTT, 100).with_loss(0.01),
+        FecMode::Adaptive,
+        10,
+    );
+    let data = s1.eliciting_sent - s0.eliciting_sent;
+    let parity = s1.fec.parity_sent - s0.fec.parity_sent;
+    let lost = s1.packets_lost - s0.packets_lost;
+    assert!(
+        (parity as f64) < 0.002 * data as f64,
+        "{parity} parity for {data} data packets"
+    );
+    assert!(lost as f64 > 0.008 * data as f64, "{lost} lost of {data}");
+
+    let config = TransportConfig {
+        fec: FecMode::Adaptive,
+        ..crate::testing::transport_config()
+    };
+    let clean = LinkConfig::new(RTT, 500);
+    let lossy = LinkConfig::new(RTT, 500).with_loss(0.01);
+    let mut pair = crate::testing::Pair::with_config(crate::test_epoch(), clean, lossy, 35, config);
+    pair.connect();
+    let took = answers(&mut pair, 300);
+    let stats = pair.server().stats();
+    assert!(stats.fec.recovered_by_peer >= 20, "{stats:#?}");
+    // Once the meter has seen the loss (the first answers go unprotected).
+    let mut sorted = took[100..].to_vec();
     sorted.sort();
     let p90 = worst_exchange(&sorted[..sorted.len() * 9 / 10]);
     assert!(p90 <= 1.05, "p90 exchange {p90:.3} RTT: {sorted:?}");

@@ -105,20 +105,34 @@ impl FecSender {
 
     /// Whether the packet about to get number `pn` is protected, opening a block if the
     /// policy asks for one. Within one call of `poll_transmit` the answer does not change
-    /// (the loss estimate moves only with ACKs), so a GSO batch keeps one packet size.
+    /// (the loss estimate moves only with ACKs, and `flight_ending` is the caller's for
+    /// the whole call), so a GSO batch keeps one packet size.
+    ///
+    /// `flight_ending`: what is queued to send would leave within half a round trip. In
+    /// adaptive mode a block opens only then, or where losses come in runs. Earlier in a
+    /// flight (a bulk transfer, a long answer) a lost packet is resent while the rest of the
+    /// flight is still leaving, so it costs the flight no time, and one resent packet costs
+    /// the link less than the parity that would have spared it (2.9 % parity against 1 %
+    /// loss). The last half round trip is what parity saves a round trip for; runs of
+    /// losses would also be taken for a full queue by the congestion controller
+    /// ([`policy::LossStats::in_runs`]). FEC "on" protects every packet.
     pub(in crate::connection) fn protect_next(
         &mut self,
         now: Instant,
         pn: u64,
         srtt: Duration,
+        flight_ending: bool,
     ) -> bool {
         if self.encoder.open_block().is_some() {
             return true;
         }
-        if self.mode == FecMode::Off {
-            return false;
+        let stats = self.meter.stats();
+        match self.mode {
+            FecMode::Off => return false,
+            FecMode::Adaptive if !flight_ending && !stats.in_runs() => return false,
+            FecMode::Adaptive | FecMode::On => {}
         }
-        let Some(shape) = policy::shape(self.meter.stats(), &self.policy) else {
+        let Some(shape) = policy::shape(stats, &self.policy) else {
             return false;
         };
         self.encoder.open(pn, shape);
