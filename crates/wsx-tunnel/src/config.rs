@@ -70,7 +70,10 @@ pub enum FecMode {
     Off,
     /// Always, sized for at least 1 % loss, even on a path that loses nothing.
     On,
-    /// As much as the measured loss rate and burst length need: none on a clean path.
+    /// As much as the measured loss rate and burst length need (none on a clean path), for
+    /// the packets whose loss would cost a round trip: the last half round trip of each
+    /// flight, and every packet where losses come in runs. A bulk transfer's independent
+    /// losses are resent instead, which costs the link less.
     #[default]
     Adaptive,
 }
