@@ -34,11 +34,13 @@
 //! **Losses.** Both phases hand every loss to the loss-pattern classifier (`loss_pattern.rs`).
 //! Random losses do not slow the sender, so the controller keeps the link full at 1 % or
 //! 5 % loss where a loss-halving controller collapses. The estimate is a delivery rate and
-//! counts only what arrived, so the pacing rate is raised by the random-loss rate the
-//! classifier learned, `1 / (1 - p)`: otherwise the share the line loses is a share the
-//! bottleneck idles where the line drops packets before it (5 % loss without FEC kept 84-85
-//! % of the lab's link instead of 92 %). Losses FEC repairs are acknowledged and count as
-//! arrived. Congestive
+//! counts only what arrived, so the pacing rate is raised by the line's loss rate,
+//! `1 / (1 - p)`: otherwise the share the line loses is a share the bottleneck idles where
+//! the line drops packets before it (5 % loss without FEC kept 84-85 % of the lab's link
+//! instead of 92 %). `p` is measured on the packets sent while draining, below the
+//! bottleneck's rate, so that a queue too short to show a rising RTT, whose overflow looks
+//! random, does not make the sender send for its own overflow. Losses FEC repairs are
+//! acknowledged and count as arrived. Congestive
 //! losses (a full queue, loss above the line's own rate, clustered losses) reset the bottleneck
 //! estimate to the most recent delivery rate — the rate the bottleneck actually gave us — and
 //! drain for one round, which removes the overflow within about an RTT of its detection. Unlike
@@ -104,6 +106,10 @@ const PROBE_GROWTH: u64 = 1150;
 /// The longest an Optimal drain phase (0.75×) lasts, in minimum RTTs, when the queue does
 /// not empty sooner (another flow keeps it full).
 const MAX_DRAIN_ROUNDS: u32 = 3;
+/// Packets of drain rounds before their loss rate is the line's (see `line_loss`), and the
+/// fewest a round needs to count.
+const LINE_LOSS_PACKETS: u64 = 1000;
+const LINE_LOSS_MIN_ROUND: u64 = 20;
 /// The most random loss the pacing rate makes up for (see `for_random_loss`): beyond it
 /// the line is broken rather than lossy, and sending a third more is no answer.
 const MAX_COMPENSATED_LOSS: f64 = 0.25;
@@ -176,6 +182,12 @@ pub struct Adaptive {
     peer_ack_delay: Duration,
     in_flight: u64,
     pattern: LossPattern,
+    /// The pacing gain of the round before the last and of the last (see `on_round_start`).
+    round_gains: [u64; 2],
+    /// See [`Adaptive::line_loss`]: the smoothed loss rate of drain rounds, and the packets
+    /// they held.
+    line_loss: f64,
+    line_packets: u64,
     congestion_events: u64,
     random_losses: u64,
     losses: u64,
@@ -210,6 +222,9 @@ impl Adaptive {
             window: scale(initial_window, RAPID_START_WINDOW_GAIN),
             in_flight: 0,
             pattern: LossPattern::new(),
+            round_gains: [RAPID_START_GAIN; 2],
+            line_loss: 0.0,
+            line_packets: 0,
             congestion_events: 0,
             random_losses: 0,
             losses: 0,
@@ -273,7 +288,19 @@ impl Adaptive {
     }
 
     fn on_round_start(&mut self) {
-        self.pattern.on_round_end();
+        // What a round acknowledges and finds lost was sent in the round before it.
+        let (seen, lost) = self.pattern.on_round_end();
+        let sent_gain = self.round_gains[0];
+        self.round_gains = [self.round_gains[1], self.pacing_gain()];
+        if sent_gain < 1000 && seen >= LINE_LOSS_MIN_ROUND {
+            let fraction = lost as f64 / seen as f64;
+            self.line_loss = if self.line_packets == 0 {
+                fraction
+            } else {
+                (self.line_loss * 7.0 + fraction) / 8.0
+            };
+            self.line_packets = self.line_packets.saturating_add(seen);
+        }
         let app_limited = std::mem::take(&mut self.round_app_limited);
         // An idle tunnel (keepalive PINGs only) must not conclude that the pipe is full.
         if self.phase == Phase::RapidStart && !app_limited {
@@ -349,6 +376,16 @@ impl Adaptive {
         }
     }
 
+    /// The line's own loss rate: what was lost of packets sent while the pacing gain was
+    /// below one (a drain), once 1,000 such packets have been seen. Those packets were sent
+    /// below the bottleneck's rate, so their losses are the line's and not an overflow's.
+    /// The loss classifier's rate would not do: on a bottleneck whose queue is too short to
+    /// show a rising RTT, overflow losses look random, and sending for them made more of
+    /// them (a 2 ms queue lost 15 % instead of 4-5 %).
+    fn line_loss(&self) -> Option<f64> {
+        (self.line_packets >= LINE_LOSS_PACKETS).then_some(self.line_loss)
+    }
+
     /// `rate` raised by the line's random-loss rate: the estimate counts what arrived, and
     /// to have that arrive the sender must also send what the line loses on the way. Where
     /// the line loses packets before the bottleneck (the estimate is then the bottleneck's
@@ -356,7 +393,7 @@ impl Adaptive {
     /// (the estimate is the bottleneck's rate less the losses), this is the bottleneck's
     /// rate. Losses FEC repaired are acknowledged, so they count as arrived and not here.
     fn for_random_loss(&self, rate: u64) -> u64 {
-        match self.pattern.base_loss() {
+        match self.line_loss() {
             Some(loss) if loss > 0.0 => {
                 (rate as f64 / (1.0 - loss.min(MAX_COMPENSATED_LOSS))).round() as u64
             }

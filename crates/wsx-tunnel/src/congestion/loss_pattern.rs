@@ -112,9 +112,11 @@ impl LossPattern {
         }
     }
 
-    /// A round ended: learn from it and start the next.
-    pub(crate) fn on_round_end(&mut self) {
+    /// A round ended: learn from it and start the next. Returns what it saw: packets
+    /// acknowledged or lost, and of those lost.
+    pub(crate) fn on_round_end(&mut self) -> (u64, u64) {
         let n = self.round_acked + self.round_lost;
+        let seen = (n, self.round_lost);
         if !self.congested && n >= BASELINE_MIN_PACKETS {
             let fraction = self.round_lost as f64 / n as f64;
             self.base_loss = if self.base_rounds == 0 {
@@ -132,6 +134,7 @@ impl LossPattern {
         self.clusters = 0;
         self.round_max_rtt = Duration::ZERO;
         self.congested = false;
+        seen
     }
 
     /// Judges newly lost packets. `inflation` is the RTT rise over `min_rtt` that marks a full
