@@ -288,18 +288,18 @@ impl Adaptive {
     }
 
     fn on_round_start(&mut self) {
-        // What a round acknowledges and finds lost was sent in the round before it.
-        let (seen, lost) = self.pattern.on_round_end();
-        let sent_gain = self.round_gains[0];
-        self.round_gains = [self.round_gains[1], self.pacing_gain()];
-        if sent_gain < 1000 && seen >= LINE_LOSS_MIN_ROUND {
-            let fraction = lost as f64 / seen as f64;
+        // What a round acknowledges and finds lost was sent in the round before it. Only
+        // rounds without a congestion verdict or a queue's marks count: a competing flow's
+        // queue may drop even what a drain sends.
+        let seen = self.pattern.on_round_end();
+        if self.round_gains[0] < 1000 && seen.clean && seen.packets >= LINE_LOSS_MIN_ROUND {
+            let fraction = seen.unrepaired as f64 / seen.packets as f64;
             self.line_loss = if self.line_packets == 0 {
                 fraction
             } else {
                 (self.line_loss * 7.0 + fraction) / 8.0
             };
-            self.line_packets = self.line_packets.saturating_add(seen);
+            self.line_packets = self.line_packets.saturating_add(seen.packets);
         }
         let app_limited = std::mem::take(&mut self.round_app_limited);
         // An idle tunnel (keepalive PINGs only) must not conclude that the pipe is full.
@@ -315,6 +315,8 @@ impl Adaptive {
                 }
             }
         }
+        // The gain this round starts with, after Rapid Start may have ended above.
+        self.round_gains = [self.round_gains[1], self.pacing_gain()];
     }
 
     fn advance_phase(&mut self, now: Instant) {
@@ -376,8 +378,9 @@ impl Adaptive {
         }
     }
 
-    /// The line's own loss rate: what was lost of packets sent while the pacing gain was
-    /// below one (a drain), once 1,000 such packets have been seen. Those packets were sent
+    /// The line's own loss rate: what was lost and not rebuilt by the peer of packets sent
+    /// while the pacing gain was below one (a drain), in rounds without a congestion verdict
+    /// or a queue's marks, once 1,000 such packets have been seen. Those packets were sent
     /// below the bottleneck's rate, so their losses are the line's and not an overflow's.
     /// The loss classifier's rate would not do: on a bottleneck whose queue is too short to
     /// show a rising RTT, overflow losses look random, and sending for them made more of
@@ -467,7 +470,8 @@ impl Controller for Adaptive {
                         // What the bottleneck last gave a sender with data to send; if the
                         // application has held the sender back since, that says nothing
                         // of the path, and the estimate comes down by a fixed factor.
-                        let estimate = self.bottleneck.get();
+                        // Before a first estimate, the initial rate stands for it.
+                        let estimate = self.rate();
                         let rate = match self.latest_rate {
                             _ if self.app_limited_since => scale(estimate, APP_LIMITED_BACKOFF),
                             0 => estimate,
@@ -681,6 +685,7 @@ mod tests {
                 number,
                 bytes: 1400,
                 sent: now,
+                repaired: false,
             })
             .collect();
         let loss = LossEvent {

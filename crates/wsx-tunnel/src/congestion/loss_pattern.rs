@@ -54,6 +54,17 @@ pub(crate) enum Cause {
     Cluster,
 }
 
+/// What a round saw (see [`LossPattern::on_round_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RoundSeen {
+    /// Packets acknowledged or lost.
+    pub(crate) packets: u64,
+    /// Lost and not rebuilt by the peer.
+    pub(crate) unrepaired: u64,
+    /// No loss of the round was judged congestion, and it showed no queue's marks.
+    pub(crate) clean: bool,
+}
+
 #[derive(Debug)]
 pub(crate) struct LossPattern {
     /// Packets acknowledged and lost in the current round since the last reaction (judged).
@@ -62,6 +73,10 @@ pub(crate) struct LossPattern {
     /// The same over the whole round (what the round teaches about the line).
     round_acked: u64,
     round_lost: u64,
+    /// This round's losses the peer rebuilt from parity, and whether any of its losses was
+    /// judged congestion.
+    round_repaired: u64,
+    round_judged_congestion: bool,
     clusters: u32,
     /// Largest RTT sample of the current round.
     round_max_rtt: Duration,
@@ -86,6 +101,8 @@ impl LossPattern {
             lost: 0,
             round_acked: 0,
             round_lost: 0,
+            round_repaired: 0,
+            round_judged_congestion: false,
             clusters: 0,
             round_max_rtt: Duration::ZERO,
             base_loss: 0.0,
@@ -112,11 +129,14 @@ impl LossPattern {
         }
     }
 
-    /// A round ended: learn from it and start the next. Returns what it saw: packets
-    /// acknowledged or lost, and of those lost.
-    pub(crate) fn on_round_end(&mut self) -> (u64, u64) {
+    /// A round ended: learn from it and start the next. Returns what it saw.
+    pub(crate) fn on_round_end(&mut self) -> RoundSeen {
         let n = self.round_acked + self.round_lost;
-        let seen = (n, self.round_lost);
+        let seen = RoundSeen {
+            packets: n,
+            unrepaired: self.round_lost.saturating_sub(self.round_repaired),
+            clean: !self.congested && !self.round_judged_congestion,
+        };
         if !self.congested && n >= BASELINE_MIN_PACKETS {
             let fraction = self.round_lost as f64 / n as f64;
             self.base_loss = if self.base_rounds == 0 {
@@ -131,6 +151,8 @@ impl LossPattern {
         self.lost = 0;
         self.round_acked = 0;
         self.round_lost = 0;
+        self.round_repaired = 0;
+        self.round_judged_congestion = false;
         self.clusters = 0;
         self.round_max_rtt = Duration::ZERO;
         self.congested = false;
@@ -147,6 +169,7 @@ impl LossPattern {
         inflation: Duration,
     ) -> Option<Cause> {
         self.round_lost += lost.len() as u64;
+        self.round_repaired += lost.iter().filter(|p| p.repaired).count() as u64;
         let mut judged = 0;
         for p in lost {
             if self.reacted_at.is_some_and(|at| p.sent < at) {
@@ -177,6 +200,7 @@ impl LossPattern {
             None
         };
         self.congested |= matches!(cause, Some(Cause::Inflation | Cause::Cluster));
+        self.round_judged_congestion |= cause.is_some();
         cause
     }
 
@@ -216,6 +240,7 @@ mod tests {
                 number,
                 bytes: 1200,
                 sent,
+                repaired: false,
             })
             .collect()
     }
@@ -303,6 +328,35 @@ mod tests {
             pattern.on_loss(&lost([42], t), MIN, INFLATION),
             Some(Cause::Cluster)
         );
+    }
+
+    /// What a round reports for the controller's line-loss rate: losses the peer rebuilt
+    /// are not the sender's to make up for (they count as delivered), and a round with a
+    /// congestion verdict is not clean.
+    #[test]
+    fn a_round_reports_its_unrepaired_losses_and_whether_it_was_clean() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        pattern.on_ack(990, Some(MIN));
+        let mut losses = lost([5, 50, 90, 130], t);
+        losses[1].repaired = true;
+        losses[3].repaired = true;
+        assert_eq!(pattern.on_loss(&losses, MIN, INFLATION), None);
+        let seen = pattern.on_round_end();
+        assert_eq!(
+            seen,
+            RoundSeen {
+                packets: 994,
+                unrepaired: 2,
+                clean: true
+            }
+        );
+        pattern.on_ack(500, Some(MIN));
+        assert_eq!(
+            pattern.on_loss(&lost([10, 11, 12, 40, 41, 42], t), MIN, INFLATION),
+            Some(Cause::Cluster)
+        );
+        assert!(!pattern.on_round_end().clean);
     }
 
     #[test]

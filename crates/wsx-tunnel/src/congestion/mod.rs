@@ -166,6 +166,9 @@ pub struct LostPacket {
     pub number: u64,
     pub bytes: u64,
     pub sent: Instant,
+    /// The peer rebuilt it from parity: lost on the path (a loss to judge), but delivered
+    /// (its bytes count in the delivery rate).
+    pub repaired: bool,
 }
 
 /// A delivery-rate sample (draft-cheng-iccrg-delivery-rate-estimation): the bytes delivered

@@ -221,8 +221,8 @@ impl Connection {
         self.held_until = self.held_until(now);
         let nothing_queued = !self.streams.has_pending() && !self.control.has_queued();
         if (nothing_queued || self.held_until.is_some()) && self.recovery.window_room() > 0 {
-            // The application has nothing waiting (what leaves is a PING, a probe or a
-            // retransmission), or the scheduler's rate holds it back: delivery samples of
+            // The application has nothing waiting (what leaves is a PING, a probe, parity or
+            // an ACK), or the scheduler's rate holds it back: delivery samples of
             // what is sent now measure that, not what the path carries, and must not lower
             // the estimate of it. The handshake's confirming PING is such a packet.
             self.recovery.on_app_limited();

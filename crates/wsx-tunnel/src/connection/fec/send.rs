@@ -104,9 +104,10 @@ impl FecSender {
     }
 
     /// Whether the packet about to get number `pn` is protected, opening a block if the
-    /// policy asks for one. Within one call of `poll_transmit` the answer does not change
-    /// (the loss estimate moves only with ACKs, and `flight_ending` is the caller's for
-    /// the whole call), so a GSO batch keeps one packet size.
+    /// policy asks for one. Within one call of `poll_transmit` the answer can only go from
+    /// yes to no (a block that fills closes; the loss estimate moves only with ACKs, and
+    /// `flight_ending` is the caller's for the whole call), so a GSO batch is built to one
+    /// size.
     ///
     /// `flight_ending`: what is queued to send would leave within half a round trip. In
     /// adaptive mode a block opens only then, or where losses come in runs. Earlier in a

@@ -495,6 +495,7 @@ impl Recovery {
                             number: pn,
                             bytes: u64::from(packet.size),
                             sent: packet.time,
+                            repaired: true,
                         });
                     }
                 }
@@ -685,6 +686,7 @@ impl Recovery {
                 number,
                 bytes: u64::from(packet.size),
                 sent: packet.time,
+                repaired: false,
             });
         }
         for &frame in &packet.frames {
