@@ -581,16 +581,21 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    #[test]
-    fn the_minimum_rtt_forgets_samples_older_than_two_windows() {
-        let start = crate::test_epoch();
+    /// A cold controller for 1,400-byte datagrams whose handshake measured `initial_rtt`.
+    fn cold(start: Instant, initial_rtt: Duration) -> Adaptive {
         let params = PathParams {
             max_datagram: 1400,
-            initial_rtt: 50 * MS,
+            initial_rtt,
             peer_ack_delay: 25 * MS,
             hint: None,
         };
-        let mut c = Adaptive::new(&AdaptiveConfig::default(), start, &params);
+        Adaptive::new(&AdaptiveConfig::default(), start, &params)
+    }
+
+    #[test]
+    fn the_minimum_rtt_forgets_samples_older_than_two_windows() {
+        let start = crate::test_epoch();
+        let mut c = cold(start, 50 * MS);
         let second = Duration::from_secs(1);
         // 50 ms for 5 s, then the route gets longer: 150 ms.
         for t in 0..5 {
@@ -612,13 +617,7 @@ mod tests {
     #[test]
     fn the_first_window_is_not_set_by_a_trickle() {
         let start = crate::test_epoch();
-        let params = PathParams {
-            max_datagram: 1400,
-            initial_rtt: 150 * MS,
-            peer_ack_delay: 25 * MS,
-            hint: None,
-        };
-        let mut c = Adaptive::new(&AdaptiveConfig::default(), start, &params);
+        let mut c = cold(start, 150 * MS);
         let (window, pacing) = (c.window(), c.pacing_rate());
         assert!(window > 32 * 1400 * 2, "window {window}");
         let rtt = crate::rtt::RttEstimator::new(100 * MS);
