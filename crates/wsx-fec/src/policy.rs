@@ -37,16 +37,6 @@ pub struct LossStats {
     pub mean_burst: f64,
 }
 
-impl LossStats {
-    /// Whether losses come in runs: a mean run that rounds to two packets or more, as the
-    /// model rounds it. A run looks like a queue overflowing to a congestion controller
-    /// that reads loss patterns, so repairing runs is worth parity even where resending
-    /// would cost the transfer no time.
-    pub fn in_runs(&self) -> bool {
-        self.mean_burst >= 1.5
-    }
-}
-
 /// The operator's and the product's limits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Policy {
@@ -606,14 +596,12 @@ mod tests {
         let s = meter.stats();
         assert!((s.loss_rate - 0.02).abs() < 0.002, "{s:?}");
         assert!((s.mean_burst - 3.0).abs() < 0.1, "{s:?}");
-        assert!(s.in_runs());
         // Independent losses, every 50th packet, are not runs.
         let mut meter = LossMeter::default();
         for pn in 0..100_000u64 {
             meter.on_packet(pn, pn % 50 == 0);
         }
         assert!(meter.stats().mean_burst < 1.05, "{:?}", meter.stats());
-        assert!(!meter.stats().in_runs());
     }
 
     #[test]

@@ -9,19 +9,31 @@
 //!    are overflow. Losses while the RTT sits at its floor are not this flow's queue.
 //! 2. **Loss above the line's own loss rate.** A damaged line loses a steady fraction of
 //!    packets whatever the rate; a bottleneck (or a policer) loses more the more is sent. The
-//!    classifier learns the random-loss rate `p` from rounds without a queue's marks and calls
-//!    a round congested when its losses exceed what `p` explains: more than
-//!    `n·p + 3·√(n·p·(1-p)) + 3` of `n` packets (a one-sided 3σ bound plus slack for small
-//!    rounds), so at 5 % random loss a 900-packet round needs ~68 losses, not 45, to count.
-//!    Rounds judged by this rule alone still teach `p`: the first rounds are small and can
-//!    teach a rate well below the line's, and if such rounds taught nothing, every later
-//!    round would exceed the low estimate, the rate would be cut each time, and the estimate
-//!    would never be corrected (a 5 % loss line held at a few Mbit/s). A policer's excess
-//!    shows only in the rounds that probe above its rate, and raises `p` only briefly.
+//!    classifier learns the line's rate of loss *runs* (consecutive lost packets count once)
+//!    from rounds without a queue's marks and calls a round congested when its runs exceed
+//!    what that rate explains: more than `n·r + 3·√(n·r·(1-r)) + 3` of `n` packets (a
+//!    one-sided 3σ bound plus slack for small rounds), so at 5 % random loss a 900-packet
+//!    round needs ~65 runs, where 43 are expected, to count. Runs and not packets, because a line that
+//!    loses in bursts loses several packets at a time: its count of lost packets varies from
+//!    round to round by whole bursts, and a bound on packets took every few rounds of a
+//!    bursty line for congestion. Rounds judged by this rule alone still teach the rate: the
+//!    first rounds are small and can teach a rate well below the line's, and if such rounds
+//!    taught nothing, every later round would exceed the low estimate, the rate would be cut
+//!    each time, and the estimate would never be corrected (a 5 % loss line held at a few
+//!    Mbit/s). A policer's excess shows only in the rounds that probe above its rate, and
+//!    raises the rate only briefly.
 //! 3. **Clustered loss.** Paced packets are spread out, so independent losses rarely hit
-//!    several consecutive packets (three in a row at 5 % loss: p³ = 1.25e-4 per packet). Runs
-//!    happen when a queue overflows under a burst or a link goes down. Two runs of three or
-//!    more in one round count as congestion.
+//!    several consecutive packets (three in a row at 5 % loss: p³ = 1.25e-4 per packet). Long
+//!    runs happen when a queue overflows under a burst, a policer empties its bucket, or a
+//!    link goes down, and on lines that lose in bursts (radio, a flapping line card). The
+//!    classifier learns the line's own rate of runs of three or more in the same rounds and
+//!    calls a round congested when it has more than that rate explains (`n·c + 3·√(n·c) + 1`;
+//!    before anything is learned, two in one round). A line with bursts of three at 1 % loss
+//!    makes about one long run per round at 100 Mbit/s; two in one round used to be taken
+//!    for congestion every third round or so.
+//!
+//! Runs are found among the last 16 losses in whatever order they are learned: a run's
+//! losses can be declared by the sender and reported rebuilt by the peer in different ACKs.
 //!
 //! The reaction is not a halving: the controller resets its bandwidth estimate to the rate
 //! the path delivered during the episode. Under true congestion that is the bottleneck's rate;
@@ -34,17 +46,18 @@
 use crate::congestion::LostPacket;
 use std::time::{Duration, Instant};
 
-/// Rounds, and packets in them, before the learned random-loss rate is trusted: at 5 % loss,
-/// 1,000 packets put the estimate within 0.7 % (one standard deviation), where the first
-/// few small rounds of a start can be off by half.
+/// Rounds, and packets in them, before the learned rates are trusted: at 5 % loss, 1,000
+/// packets put the estimate within 0.7 % (one standard deviation), where the first few small
+/// rounds of a start can be off by half.
 const BASELINE_ROUNDS: u32 = 4;
 const BASELINE_PACKETS: u64 = 1000;
-/// Rounds with fewer packets than this teach nothing about the loss rate.
+/// Rounds with fewer packets than this teach nothing about the line.
 const BASELINE_MIN_PACKETS: u64 = 20;
-/// Consecutive lost packets that make a cluster.
+/// Consecutive lost packets that make a long run (a cluster).
 const CLUSTER_LEN: u64 = 3;
-/// Clusters in one round that make congestion.
-const CLUSTERS_FOR_CONGESTION: u32 = 2;
+/// Recent lost packet numbers kept to find a loss's neighbours: losses of one run can be
+/// learned from different ACKs, and in any order.
+const RECENT_LOST: usize = 16;
 
 /// Why a loss was judged to be congestion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,65 +78,115 @@ pub(crate) struct RoundSeen {
     pub(crate) clean: bool,
 }
 
+/// Loss runs counted over some packets: runs of consecutive lost packets, and those of
+/// them at least [`CLUSTER_LEN`] long.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Runs {
+    packets: u64,
+    runs: i64,
+    long: i64,
+}
+
+impl Runs {
+    fn add(&mut self, delta: RunDelta) {
+        self.runs += delta.runs;
+        self.long += delta.long;
+    }
+}
+
+/// How one more lost packet changes the count of runs: a new run (+1), a run made longer
+/// (0), or two runs joined into one (-1); the same for long runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct RunDelta {
+    runs: i64,
+    long: i64,
+}
+
+/// A rate per packet learned from rounds (an average weighted 1/8 towards each new round).
+#[derive(Debug, Clone, Copy, Default)]
+struct Learned {
+    rate: f64,
+    rounds: u32,
+    packets: u64,
+}
+
+impl Learned {
+    fn learn(&mut self, count: i64, packets: u64) {
+        let fraction = count.max(0) as f64 / packets as f64;
+        self.rate = if self.rounds == 0 {
+            fraction
+        } else {
+            (self.rate * 7.0 + fraction) / 8.0
+        };
+        self.rounds = self.rounds.saturating_add(1);
+        self.packets = self.packets.saturating_add(packets);
+    }
+
+    fn trusted(&self) -> Option<f64> {
+        (self.rounds >= BASELINE_ROUNDS && self.packets >= BASELINE_PACKETS).then_some(self.rate)
+    }
+}
+
+/// More than `n` packets at `rate` per packet explain: a one-sided 3σ bound plus `slack`.
+fn above(count: i64, n: u64, rate: f64, slack: f64) -> bool {
+    let expected = n as f64 * rate;
+    let bound = expected + 3.0 * (expected * (1.0 - rate)).sqrt() + slack;
+    count as f64 > bound
+}
+
 #[derive(Debug)]
 pub(crate) struct LossPattern {
-    /// Packets acknowledged and lost in the current round since the last reaction (judged).
-    acked: u64,
-    lost: u64,
+    /// Runs among the packets of the current round since the last reaction (judged).
+    judged: Runs,
     /// The same over the whole round (what the round teaches about the line).
-    round_acked: u64,
+    round: Runs,
     round_lost: u64,
     /// This round's losses the peer rebuilt from parity, and whether any of its losses was
     /// judged congestion.
     round_repaired: u64,
     round_judged_congestion: bool,
-    clusters: u32,
     /// Largest RTT sample of the current round.
     round_max_rtt: Duration,
-    /// The random-loss rate learned from uncongested rounds.
-    base_loss: f64,
-    base_rounds: u32,
-    base_packets: u64,
+    /// Loss runs per packet, and long runs per packet, learned from uncongested rounds.
+    base_runs: Learned,
+    base_long: Learned,
     /// The last reaction; losses of packets sent before it are not judged again.
     reacted_at: Option<Instant>,
     /// Whether the current round showed a queue's marks, inflation or clusters (then it
-    /// does not teach the base rate).
+    /// does not teach the base rates).
     congested: bool,
-    /// Last lost packet number and the length of the run it ends, across loss events.
-    run_end: u64,
-    run_len: u64,
+    /// The last [`RECENT_LOST`] lost packet numbers, oldest overwritten first.
+    recent: [u64; RECENT_LOST],
+    recent_next: usize,
 }
 
 impl LossPattern {
     pub(crate) fn new() -> Self {
         Self {
-            acked: 0,
-            lost: 0,
-            round_acked: 0,
+            judged: Runs::default(),
+            round: Runs::default(),
             round_lost: 0,
             round_repaired: 0,
             round_judged_congestion: false,
-            clusters: 0,
             round_max_rtt: Duration::ZERO,
-            base_loss: 0.0,
-            base_rounds: 0,
-            base_packets: 0,
+            base_runs: Learned::default(),
+            base_long: Learned::default(),
             reacted_at: None,
             congested: false,
-            run_end: u64::MAX,
-            run_len: 0,
+            recent: [u64::MAX; RECENT_LOST],
+            recent_next: 0,
         }
     }
 
-    /// The learned random-loss rate, once trusted.
-    pub(crate) fn base_loss(&self) -> Option<f64> {
-        (self.base_rounds >= BASELINE_ROUNDS && self.base_packets >= BASELINE_PACKETS)
-            .then_some(self.base_loss)
+    /// The learned rate of loss runs per packet, once trusted.
+    #[cfg(test)]
+    fn base_runs(&self) -> Option<f64> {
+        self.base_runs.trusted()
     }
 
     pub(crate) fn on_ack(&mut self, packets: u64, rtt_sample: Option<Duration>) {
-        self.acked += packets;
-        self.round_acked += packets;
+        self.judged.packets += packets;
+        self.round.packets += packets;
         if let Some(rtt) = rtt_sample {
             self.round_max_rtt = self.round_max_rtt.max(rtt);
         }
@@ -131,29 +194,21 @@ impl LossPattern {
 
     /// A round ended: learn from it and start the next. Returns what it saw.
     pub(crate) fn on_round_end(&mut self) -> RoundSeen {
-        let n = self.round_acked + self.round_lost;
+        let n = self.round.packets;
         let seen = RoundSeen {
             packets: n,
             unrepaired: self.round_lost.saturating_sub(self.round_repaired),
             clean: !self.congested && !self.round_judged_congestion,
         };
         if !self.congested && n >= BASELINE_MIN_PACKETS {
-            let fraction = self.round_lost as f64 / n as f64;
-            self.base_loss = if self.base_rounds == 0 {
-                fraction
-            } else {
-                (self.base_loss * 7.0 + fraction) / 8.0
-            };
-            self.base_rounds = self.base_rounds.saturating_add(1);
-            self.base_packets = self.base_packets.saturating_add(n);
+            self.base_runs.learn(self.round.runs, n);
+            self.base_long.learn(self.round.long, n);
         }
-        self.acked = 0;
-        self.lost = 0;
-        self.round_acked = 0;
+        self.judged = Runs::default();
+        self.round = Runs::default();
         self.round_lost = 0;
         self.round_repaired = 0;
         self.round_judged_congestion = false;
-        self.clusters = 0;
         self.round_max_rtt = Duration::ZERO;
         self.congested = false;
         seen
@@ -168,33 +223,30 @@ impl LossPattern {
         min_rtt: Duration,
         inflation: Duration,
     ) -> Option<Cause> {
-        self.round_lost += lost.len() as u64;
-        self.round_repaired += lost.iter().filter(|p| p.repaired).count() as u64;
-        let mut judged = 0;
+        let mut judged = false;
         for p in lost {
+            let Some(delta) = self.remember(p.number) else {
+                continue;
+            };
+            self.round_lost += 1;
+            self.round_repaired += u64::from(p.repaired);
+            self.round.packets += 1;
+            self.round.add(delta);
             if self.reacted_at.is_some_and(|at| p.sent < at) {
                 continue;
             }
-            judged += 1;
-            if self.run_end != u64::MAX && p.number == self.run_end + 1 {
-                self.run_len += 1;
-            } else {
-                self.run_len = 1;
-            }
-            self.run_end = p.number;
-            if self.run_len == CLUSTER_LEN {
-                self.clusters += 1;
-            }
+            judged = true;
+            self.judged.packets += 1;
+            self.judged.add(delta);
         }
-        if judged == 0 {
+        if !judged {
             return None;
         }
-        self.lost += judged;
         let cause = if self.round_max_rtt > min_rtt + inflation {
             Some(Cause::Inflation)
         } else if self.excess() {
             Some(Cause::Excess)
-        } else if self.clusters >= CLUSTERS_FOR_CONGESTION {
+        } else if self.clustered() {
             Some(Cause::Cluster)
         } else {
             None
@@ -204,27 +256,49 @@ impl LossPattern {
         cause
     }
 
-    /// Whether this round's losses exceed what the learned random-loss rate explains.
+    /// Records a lost packet and returns how it changes the runs (`None`: already known).
+    fn remember(&mut self, number: u64) -> Option<RunDelta> {
+        if self.recent.contains(&number) {
+            return None;
+        }
+        let extent = |step: fn(u64, u64) -> Option<u64>| {
+            (1..=RECENT_LOST as u64)
+                .take_while(|&k| step(number, k).is_some_and(|n| self.recent.contains(&n)))
+                .count() as u64
+        };
+        let before = extent(u64::checked_sub);
+        let after = extent(u64::checked_add);
+        self.recent[self.recent_next] = number;
+        self.recent_next = (self.recent_next + 1) % RECENT_LOST;
+        let long = |len: u64| i64::from(len >= CLUSTER_LEN);
+        Some(RunDelta {
+            runs: 1 - i64::from(before > 0) - i64::from(after > 0),
+            long: long(before + after + 1) - long(before) - long(after),
+        })
+    }
+
+    /// Whether this round's loss runs exceed what the line's learned rate explains. Runs,
+    /// not packets: a line that loses in bursts loses several packets at a time, and its
+    /// count of lost packets varies by as many from round to round.
     fn excess(&self) -> bool {
-        let Some(p) = self.base_loss() else {
+        let Some(rate) = self.base_runs.trusted() else {
             return false;
         };
-        let n = self.acked + self.lost;
-        if n < BASELINE_MIN_PACKETS {
-            return false;
-        }
-        let n = n as f64;
-        let expected = n * p;
-        let bound = expected + 3.0 * (expected * (1.0 - p)).sqrt() + 3.0;
-        self.lost as f64 > bound
+        let n = self.judged.packets;
+        n >= BASELINE_MIN_PACKETS && above(self.judged.runs, n, rate, 3.0)
+    }
+
+    /// Whether this round has more long runs than the line's learned rate of them explains
+    /// (before it is learned, more than one).
+    fn clustered(&self) -> bool {
+        let rate = self.base_long.trusted().unwrap_or(0.0);
+        above(self.judged.long, self.judged.packets, rate, 1.0)
     }
 
     /// The controller lowered its rate at `now`.
     pub(crate) fn reacted(&mut self, now: Instant) {
         self.reacted_at = Some(now);
-        self.clusters = 0;
-        self.lost = 0;
-        self.acked = 0;
+        self.judged = Runs::default();
         self.round_max_rtt = Duration::ZERO;
     }
 }
@@ -264,7 +338,7 @@ mod tests {
         let t = crate::test_epoch();
         let mut pattern = LossPattern::new();
         learn(&mut pattern, t, 10, 50);
-        let p = pattern.base_loss().unwrap();
+        let p = pattern.base_runs().unwrap();
         assert!((p - 0.05).abs() < 1e-9, "{p}");
     }
 
@@ -298,7 +372,7 @@ mod tests {
             pattern.on_round_end();
         }
         assert!(verdicts < 10, "{verdicts} excess verdicts");
-        let p = pattern.base_loss().unwrap_or_default();
+        let p = pattern.base_runs().unwrap_or_default();
         assert!(p > 0.04, "{p}");
     }
 
@@ -328,6 +402,71 @@ mod tests {
             pattern.on_loss(&lost([42], t), MIN, INFLATION),
             Some(Cause::Cluster)
         );
+    }
+
+    /// A run is one run whatever order its losses are learned in (a packet declared lost
+    /// by the sender, its neighbours reported rebuilt by the peer later), and a loss that
+    /// joins two runs makes them one.
+    #[test]
+    fn a_run_learned_out_of_order_is_one_run() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        pattern.on_ack(500, Some(MIN));
+        for number in [12, 10, 20, 21, 11] {
+            assert_eq!(pattern.on_loss(&lost([number], t), MIN, INFLATION), None);
+        }
+        assert_eq!(
+            pattern.judged,
+            Runs {
+                packets: 505,
+                runs: 2,
+                long: 1
+            }
+        );
+        // 13 joins 10-12 with 14-16: one long run of seven instead of two.
+        assert_eq!(
+            pattern.on_loss(&lost([14, 15, 16], t), MIN, INFLATION),
+            Some(Cause::Cluster)
+        );
+        pattern.reacted(t);
+        pattern.on_ack(10, Some(MIN));
+        assert_eq!(pattern.on_loss(&lost([13], t), MIN, INFLATION), None);
+        assert_eq!(
+            pattern.round,
+            Runs {
+                packets: 519,
+                runs: 2,
+                long: 1
+            }
+        );
+        // A loss reported twice counts once.
+        assert_eq!(pattern.on_loss(&lost([13], t), MIN, INFLATION), None);
+        assert_eq!(pattern.round.packets, 519);
+    }
+
+    /// A line that loses in runs of three, about one per round: once its rate of long runs
+    /// is learned, a round with three of them is the line, but ten are still congestion.
+    #[test]
+    fn a_line_that_loses_in_runs_is_learned() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        let round = |pattern: &mut LossPattern, number: u64, runs: u64| {
+            pattern.on_ack(1000 - 3 * runs, Some(MIN));
+            let base = number * 10_000;
+            let numbers = (0..runs).flat_map(|r| (0..3).map(move |i| base + r * 100 + i));
+            let cause = pattern.on_loss(&lost(numbers, t), MIN, INFLATION);
+            pattern.on_round_end();
+            cause
+        };
+        // Before anything is learned, two runs of three in a round are congestion.
+        assert_eq!(round(&mut pattern, 0, 2), Some(Cause::Cluster));
+        for number in 1..5 {
+            assert_eq!(round(&mut pattern, number, 1), None);
+        }
+        for number in 5..20 {
+            assert_eq!(round(&mut pattern, number, 3), None, "round {number}");
+        }
+        assert!(round(&mut pattern, 20, 12).is_some());
     }
 
     /// What a round reports for the controller's line-loss rate: losses the peer rebuilt

@@ -1252,27 +1252,29 @@ fn rtt_samples_for_the_controller_leave_out_the_ack_delay() {
 }
 
 /// Bursts of loss (Gilbert-Elliott, mean burst 3, about 1 % loss) on a line that is not
-/// congested. A burst is a cluster, which the classifier takes for congestion as designed;
-/// the reaction only returns the rate to the latest delivery rate, so the line stays nearly
-/// full. Measured: 90-92 % for seeds 1-3; a reaction that halved or collapsed would fail.
+/// congested. The classifier learns the line's rate of loss runs and of long runs, so the
+/// bursts are not taken for a full queue once learned. Measured (steady state, seeds 1-4):
+/// 96.0-96.8 % with 4-8 congestion events in 21 s (the start's overshoot among them);
+/// when every second run of three was congestion, 91.9-92.4 % with 28-38 events.
 #[test]
 fn burst_loss_on_an_uncongested_line_costs_little_rate() {
-    let mut link = LinkConfig::new(RTT, 100);
-    link.burst = Some((0.0034, 0.33));
-    let mut pair = pair(link, 3);
-    let mut transfers = endless_stream(&mut pair);
-    run_for(&mut pair, &mut transfers, Duration::from_secs(21));
-    let u = utilization(&transfers, 30, 200, RATE);
-    let state = pair
-        .client()
-        .stats()
-        .congestion
-        .expect("a controller state");
-    assert!(
-        state.congestion_events > 0,
-        "no burst was taken for congestion: {state:?}"
-    );
-    assert!(u >= 0.88, "utilization {u:.4}: {state:?}");
+    for seed in 1..5 {
+        let mut link = LinkConfig::new(RTT, 100);
+        link.burst = Some((0.0034, 0.33));
+        let mut pair = pair(link, seed);
+        let mut transfers = endless_stream(&mut pair);
+        run_for(&mut pair, &mut transfers, Duration::from_secs(21));
+        let u = utilization(&transfers, 30, 200, RATE);
+        let state = pair
+            .client()
+            .stats()
+            .congestion
+            .expect("a controller state");
+        assert!(
+            u >= 0.94 && state.congestion_events <= 12,
+            "seed {seed}: utilization {u:.4}: {state:?}"
+        );
+    }
 }
 
 /// A short dip of the bottleneck (a burst of cross traffic) leaves a queue behind when the
