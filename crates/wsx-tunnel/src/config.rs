@@ -72,8 +72,8 @@ pub enum FecMode {
     On,
     /// As much as the measured loss rate and burst length need (none on a clean path), for
     /// the packets whose loss would cost a round trip: the last half round trip of each
-    /// flight, and every packet where losses come in runs. A bulk transfer's independent
-    /// losses are resent instead, which costs the link less.
+    /// flight. A bulk transfer's losses, independent or in bursts, are resent instead,
+    /// which costs the link less.
     #[default]
     Adaptive,
 }

@@ -37,11 +37,12 @@
 //! counts only what arrived, so the pacing rate is raised by the line's loss rate,
 //! `1 / (1 - p)`: otherwise the share the line loses is a share the bottleneck idles where
 //! the line drops packets before it (5 % loss without FEC kept 84-85 % of the lab's link
-//! instead of 92 %). `p` is measured on the packets sent while draining, below the
-//! bottleneck's rate, so that a queue too short to show a rising RTT, whose overflow looks
-//! random, does not make the sender send for its own overflow. Losses FEC repairs are
-//! acknowledged and count as arrived. Congestive
-//! losses (a full queue, loss above the line's own rate, clustered losses) reset the bottleneck
+//! instead of 92 %). `p` is measured on the packets sent while draining (told apart by when
+//! they were sent), below the bottleneck's rate, so that a queue too short to show a rising
+//! RTT, whose overflow looks random, does not make the sender send for its own overflow.
+//! Losses FEC repairs are acknowledged and count as arrived. Congestive losses (a full
+//! queue, more loss runs than the line's own rate explains, more long runs than the line
+//! makes) reset the bottleneck
 //! estimate to the most recent delivery rate — the rate the bottleneck actually gave us — and
 //! drain for one round, which removes the overflow within about an RTT of its detection. Unlike
 //! BBR v1 the controller therefore does yield when the bottleneck shrinks or another flow
@@ -106,10 +107,10 @@ const PROBE_GROWTH: u64 = 1150;
 /// The longest an Optimal drain phase (0.75×) lasts, in minimum RTTs, when the queue does
 /// not empty sooner (another flow keeps it full).
 const MAX_DRAIN_ROUNDS: u32 = 3;
-/// Packets of drain rounds before their loss rate is the line's (see `line_loss`), and the
-/// fewest a round needs to count.
+/// Packets' worth of bytes sent while draining before their loss rate is the line's (see
+/// `line_loss`), and the fewest one drain must send to count.
 const LINE_LOSS_PACKETS: u64 = 1000;
-const LINE_LOSS_MIN_ROUND: u64 = 20;
+const LINE_LOSS_MIN_DRAIN: u64 = 20;
 /// The most random loss the pacing rate makes up for (see `for_random_loss`): beyond it
 /// the line is broken rather than lossy, and sending a third more is no answer.
 const MAX_COMPENSATED_LOSS: f64 = 0.25;
@@ -182,12 +183,12 @@ pub struct Adaptive {
     peer_ack_delay: Duration,
     in_flight: u64,
     pattern: LossPattern,
-    /// The pacing gain of the round before the last and of the last (see `on_round_start`).
-    round_gains: [u64; 2],
-    /// See [`Adaptive::line_loss`]: the smoothed loss rate of drain rounds, and the packets
-    /// they held.
+    /// The last drain's packets, until their losses are known (see [`DrainSpan`]).
+    drain: Option<DrainSpan>,
+    /// See [`Adaptive::line_loss`]: the smoothed loss rate of drains, and the bytes they
+    /// sent.
     line_loss: f64,
-    line_packets: u64,
+    line_bytes: u64,
     congestion_events: u64,
     random_losses: u64,
     losses: u64,
@@ -222,9 +223,9 @@ impl Adaptive {
             window: scale(initial_window, RAPID_START_WINDOW_GAIN),
             in_flight: 0,
             pattern: LossPattern::new(),
-            round_gains: [RAPID_START_GAIN; 2],
+            drain: None,
             line_loss: 0.0,
-            line_packets: 0,
+            line_bytes: 0,
             congestion_events: 0,
             random_losses: 0,
             losses: 0,
@@ -288,19 +289,7 @@ impl Adaptive {
     }
 
     fn on_round_start(&mut self) {
-        // What a round acknowledges and finds lost was sent in the round before it. Only
-        // rounds without a congestion verdict or a queue's marks count: a competing flow's
-        // queue may drop even what a drain sends.
-        let seen = self.pattern.on_round_end();
-        if self.round_gains[0] < 1000 && seen.clean && seen.packets >= LINE_LOSS_MIN_ROUND {
-            let fraction = seen.unrepaired as f64 / seen.packets as f64;
-            self.line_loss = if self.line_packets == 0 {
-                fraction
-            } else {
-                (self.line_loss * 7.0 + fraction) / 8.0
-            };
-            self.line_packets = self.line_packets.saturating_add(seen.packets);
-        }
+        self.pattern.on_round_end();
         let app_limited = std::mem::take(&mut self.round_app_limited);
         // An idle tunnel (keepalive PINGs only) must not conclude that the pipe is full.
         if self.phase == Phase::RapidStart && !app_limited {
@@ -315,8 +304,62 @@ impl Adaptive {
                 }
             }
         }
-        // The gain this round starts with, after Rapid Start may have ended above.
-        self.round_gains = [self.round_gains[1], self.pacing_gain()];
+    }
+
+    /// Counts a packet (or a burst of parity) of `bytes` sent at `now` in the current
+    /// drain, starting one when draining begins.
+    fn on_drain_sent(&mut self, now: Instant, bytes: u64) {
+        let draining = self.pacing_gain() < 1000;
+        match &mut self.drain {
+            Some(span) if span.end.is_none() => {
+                if draining {
+                    span.sent += bytes;
+                } else {
+                    span.end = Some(now);
+                }
+            }
+            _ if draining => {
+                // The drain before teaches if its fate is known; if not (a verdict started
+                // this one), nothing: a verdict came while it awaited its losses.
+                self.learn_line_loss_after(now);
+                self.drain = Some(DrainSpan {
+                    start: now,
+                    end: None,
+                    sent: bytes,
+                    lost: 0,
+                    spoiled: false,
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// Folds the last drain into the line's loss rate once its packets' fate is known:
+    /// `now` at least two minimum RTTs and the peer's ACK delay after it ended.
+    fn learn_line_loss_after(&mut self, now: Instant) {
+        let settled = self.drain.is_some_and(|span| {
+            span.end
+                .is_some_and(|end| now >= end + 2 * self.min_rtt + self.peer_ack_delay)
+        });
+        if settled {
+            self.learn_line_loss();
+        }
+    }
+
+    fn learn_line_loss(&mut self) {
+        let Some(span) = self.drain.take() else {
+            return;
+        };
+        if span.spoiled || span.sent < LINE_LOSS_MIN_DRAIN * self.max_datagram {
+            return;
+        }
+        let fraction = span.lost.min(span.sent) as f64 / span.sent as f64;
+        self.line_loss = if self.line_bytes == 0 {
+            fraction
+        } else {
+            (self.line_loss * 7.0 + fraction) / 8.0
+        };
+        self.line_bytes = self.line_bytes.saturating_add(span.sent);
     }
 
     fn advance_phase(&mut self, now: Instant) {
@@ -378,15 +421,18 @@ impl Adaptive {
         }
     }
 
-    /// The line's own loss rate: what was lost and not rebuilt by the peer of packets sent
-    /// while the pacing gain was below one (a drain), in rounds without a congestion verdict
-    /// or a queue's marks, once 1,000 such packets have been seen. Those packets were sent
-    /// below the bottleneck's rate, so their losses are the line's and not an overflow's.
+    /// The line's own loss rate: what was lost and not rebuilt by the peer of the bytes sent
+    /// while the pacing gain was below one (a drain, parity included), in drains during
+    /// whose wait for their losses no congestion verdict came (a competing flow's queue may
+    /// drop even what a drain sends), once 1,000 full packets' worth have been seen. Those packets were sent below the bottleneck's
+    /// rate, so their losses are the line's and not an overflow's. Packets are told apart
+    /// by when they were sent, not by round: a drain ends as soon as the queue is gone,
+    /// often within the round it began, and rounds that began in one were rare.
     /// The loss classifier's rate would not do: on a bottleneck whose queue is too short to
     /// show a rising RTT, overflow losses look random, and sending for them made more of
     /// them (a 2 ms queue lost 15 % instead of 4-5 %).
     fn line_loss(&self) -> Option<f64> {
-        (self.line_packets >= LINE_LOSS_PACKETS).then_some(self.line_loss)
+        (self.line_bytes >= LINE_LOSS_PACKETS * self.max_datagram).then_some(self.line_loss)
     }
 
     /// `rate` raised by the line's random-loss rate: the estimate counts what arrived, and
@@ -416,8 +462,9 @@ impl Adaptive {
 }
 
 impl Controller for Adaptive {
-    fn on_sent(&mut self, _now: Instant, _bytes: u64, in_flight: u64) {
+    fn on_sent(&mut self, now: Instant, bytes: u64, in_flight: u64) {
         self.in_flight = in_flight;
+        self.on_drain_sent(now, bytes);
     }
 
     fn on_ack(&mut self, now: Instant, ack: &AckEvent<'_>) {
@@ -448,6 +495,7 @@ impl Controller for Adaptive {
             }
         }
         self.advance_phase(now);
+        self.learn_line_loss_after(now);
         self.update_outputs();
     }
 
@@ -455,7 +503,18 @@ impl Controller for Adaptive {
         self.losses += loss.lost.len() as u64;
         self.in_flight = loss.in_flight;
         let inflation = self.inflation();
-        match self.pattern.on_loss(loss.lost, self.min_rtt, inflation) {
+        let verdict = self.pattern.on_loss(loss.lost, self.min_rtt, inflation);
+        if let Some(span) = &mut self.drain {
+            for p in loss.lost.iter().filter(|p| !p.repaired) {
+                if span.holds(p.sent) {
+                    span.lost += p.bytes;
+                }
+            }
+            // Any reaction while the drain awaits its losses: some of them may be the
+            // overflow's, judged with other packets or not judged again after it.
+            span.spoiled |= verdict.is_some();
+        }
+        match verdict {
             None => {
                 self.random_losses += loss.lost.len() as u64;
                 LossVerdict::Random
@@ -494,6 +553,9 @@ impl Controller for Adaptive {
     }
 
     fn on_persistent_congestion(&mut self, now: Instant) {
+        if let Some(span) = &mut self.drain {
+            span.spoiled = true;
+        }
         // Nothing got through for several RTTs: what was learned may be wrong. Start over.
         self.bottleneck = WindowedMax::default();
         self.phase = Phase::RapidStart;
@@ -541,6 +603,25 @@ impl Controller for Adaptive {
     }
 }
 
+/// The bytes sent during one drain (the pacing gain below one) and what of them was lost.
+#[derive(Debug, Clone, Copy)]
+struct DrainSpan {
+    start: Instant,
+    /// When the drain ended (`None`: still draining).
+    end: Option<Instant>,
+    sent: u64,
+    /// Lost and not rebuilt by the peer.
+    lost: u64,
+    /// A congestion verdict came while it awaited its losses: some may be an overflow's.
+    spoiled: bool,
+}
+
+impl DrainSpan {
+    fn holds(&self, sent: Instant) -> bool {
+        sent >= self.start && self.end.is_none_or(|end| sent < end)
+    }
+}
+
 /// The maximum of per-round values over the last [`RATE_WINDOW_ROUNDS`] rounds.
 #[derive(Debug, Default, Clone)]
 struct WindowedMax {
@@ -577,6 +658,7 @@ impl WindowedMax {
 
 #[cfg(test)]
 mod tests {
+    use super::super::LostPacket;
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
@@ -644,24 +726,46 @@ mod tests {
         assert!(c.pacing_rate() > pacing);
     }
 
-    /// A controller that knows the path (12.5 MB/s), given one delivery sample at `sampled`
-    /// (`app_limited` or not), then two runs of three lost packets in one round (clustered
-    /// loss: congestion): its bottleneck estimate after the verdict.
-    fn estimate_after_congestion(sampled: u64, app_limited: bool) -> u64 {
-        let start = crate::test_epoch();
-        let rate = 12_500_000;
+    /// A controller for 1,400-byte datagrams that knows the path: 12.5 MB/s, 100 ms.
+    fn warm(start: Instant) -> Adaptive {
         let params = PathParams {
             max_datagram: 1400,
             initial_rtt: 100 * MS,
             peer_ack_delay: 25 * MS,
             hint: Some(PathHint {
-                rate,
+                rate: 12_500_000,
                 min_rtt: 100 * MS,
             }),
         };
-        let mut c = Adaptive::new(&AdaptiveConfig::default(), start, &params);
+        Adaptive::new(&AdaptiveConfig::default(), start, &params)
+    }
+
+    fn lost(numbers: impl IntoIterator<Item = u64>, sent: Instant) -> Vec<LostPacket> {
+        numbers
+            .into_iter()
+            .map(|number| LostPacket {
+                number,
+                bytes: 1400,
+                sent,
+                repaired: false,
+            })
+            .collect()
+    }
+
+    /// The verdict on `lost`.
+    fn on_loss(c: &mut Adaptive, now: Instant, lost: &[LostPacket]) -> LossVerdict {
         let rtt = crate::rtt::RttEstimator::new(100 * MS);
-        let now = start + 100 * MS;
+        let loss = LossEvent {
+            lost,
+            in_flight: 0,
+            rtt: &rtt,
+        };
+        c.on_loss(now, &loss)
+    }
+
+    /// An ACK of one packet with a delivery sample of `rate`.
+    fn on_ack(c: &mut Adaptive, now: Instant, rate: u64, app_limited: bool) {
+        let rtt = crate::rtt::RttEstimator::new(100 * MS);
         let ack = AckEvent {
             acked_bytes: 1400,
             acked_packets: 1,
@@ -669,7 +773,7 @@ mod tests {
             rtt: &rtt,
             rtt_sample: Some(100 * MS),
             rate: Some(super::super::RateSample {
-                rate: sampled,
+                rate,
                 interval: 100 * MS,
                 app_limited,
             }),
@@ -677,23 +781,80 @@ mod tests {
             delivered: 1400,
         };
         c.on_ack(now, &ack);
-        assert_eq!(c.bottleneck.get(), rate, "a lower sample does not lower it");
-        let lost: Vec<super::super::LostPacket> = [10, 11, 12, 20, 21, 22]
-            .into_iter()
-            .map(|number| super::super::LostPacket {
-                number,
-                bytes: 1400,
-                sent: now,
-                repaired: false,
-            })
-            .collect();
-        let loss = LossEvent {
-            lost: &lost,
-            in_flight: 0,
-            rtt: &rtt,
-        };
-        assert_ne!(c.on_loss(now + MS, &loss), LossVerdict::Random);
+    }
+
+    /// A controller that knows the path (12.5 MB/s), given one delivery sample at `sampled`
+    /// (`app_limited` or not), then two runs of three lost packets in one round (clustered
+    /// loss: congestion): its bottleneck estimate after the verdict.
+    fn estimate_after_congestion(sampled: u64, app_limited: bool) -> u64 {
+        let start = crate::test_epoch();
+        let mut c = warm(start);
+        let now = start + 100 * MS;
+        on_ack(&mut c, now, sampled, app_limited);
+        assert_eq!(
+            c.bottleneck.get(),
+            12_500_000,
+            "a lower sample does not lower it"
+        );
+        let verdict = on_loss(&mut c, now + MS, &lost([10, 11, 12, 20, 21, 22], now));
+        assert_ne!(verdict, LossVerdict::Random);
         c.bottleneck.get()
+    }
+
+    /// A drain of 1,000 packets that ends within 11 ms (inside one round, as the probe
+    /// cycle's drains do), of which 50 are lost (`lost` gives their numbers) and 10 of those
+    /// rebuilt by the peer, and `later` lost of those sent after it: the line's loss rate
+    /// once the drain's fate is known.
+    fn line_loss_after_a_drain(numbers: &[u64], later: &[u64]) -> Option<f64> {
+        let start = crate::test_epoch();
+        let mut c = warm(start);
+        c.cycle_index = 1;
+        let us = Duration::from_micros(1);
+        for i in 0..1000 {
+            c.on_sent(start + i * 10 * us, 1400, 0);
+        }
+        c.cycle_index = 2;
+        c.on_sent(start + 11 * MS, 1400, 0);
+        let mut losses = lost(numbers.iter().copied(), start + 5 * MS);
+        for p in &mut losses[..10] {
+            p.repaired = true;
+        }
+        // Before the losses are in, and long after the drain: the packet sent after it is
+        // not the drain's.
+        let late = lost([5000], start + 11 * MS);
+        assert_eq!(
+            on_loss(&mut c, start + 120 * MS, &late),
+            LossVerdict::Random
+        );
+        on_loss(
+            &mut c,
+            start + 125 * MS,
+            &lost(later.iter().copied(), start + 20 * MS),
+        );
+        on_loss(&mut c, start + 130 * MS, &losses);
+        on_ack(&mut c, start + 200 * MS, 12_500_000, false);
+        assert_eq!(
+            c.line_loss(),
+            None,
+            "learned before the drain's losses were all known"
+        );
+        on_ack(&mut c, start + 240 * MS, 12_500_000, false);
+        c.line_loss()
+    }
+
+    #[test]
+    fn the_line_loss_is_learned_from_what_drains_send() {
+        let scattered: Vec<u64> = (0..50).map(|i| i * 20).collect();
+        let learned = line_loss_after_a_drain(&scattered, &[]).expect("a line loss rate");
+        assert!((learned - 0.04).abs() < 1e-9, "{learned}");
+        // Two runs of three among them: congestion, so the drain met a queue after all.
+        let mut clustered = scattered.clone();
+        clustered[40..46].copy_from_slice(&[900, 901, 902, 950, 951, 952]);
+        assert_eq!(line_loss_after_a_drain(&clustered, &[]), None);
+        // Congestion among packets sent after the drain, while its losses were awaited:
+        // the overflow may have taken some of the drain's too.
+        let after = [6000, 6001, 6002, 6100, 6101, 6102];
+        assert_eq!(line_loss_after_a_drain(&scattered, &after), None);
     }
 
     #[test]

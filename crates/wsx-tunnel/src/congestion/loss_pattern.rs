@@ -13,24 +13,32 @@
 //!    from rounds without a queue's marks and calls a round congested when its runs exceed
 //!    what that rate explains: more than `n·r + 3·√(n·r·(1-r)) + 3` of `n` packets (a
 //!    one-sided 3σ bound plus slack for small rounds), so at 5 % random loss a 900-packet
-//!    round needs ~65 runs, where 43 are expected, to count. Runs and not packets, because a line that
-//!    loses in bursts loses several packets at a time: its count of lost packets varies from
-//!    round to round by whole bursts, and a bound on packets took every few rounds of a
-//!    bursty line for congestion. Rounds judged by this rule alone still teach the rate: the
-//!    first rounds are small and can teach a rate well below the line's, and if such rounds
-//!    taught nothing, every later round would exceed the low estimate, the rate would be cut
-//!    each time, and the estimate would never be corrected (a 5 % loss line held at a few
-//!    Mbit/s). A policer's excess shows only in the rounds that probe above its rate, and
-//!    raises the rate only briefly.
-//! 3. **Clustered loss.** Paced packets are spread out, so independent losses rarely hit
-//!    several consecutive packets (three in a row at 5 % loss: p³ = 1.25e-4 per packet). Long
-//!    runs happen when a queue overflows under a burst, a policer empties its bucket, or a
-//!    link goes down, and on lines that lose in bursts (radio, a flapping line card). The
-//!    classifier learns the line's own rate of runs of three or more in the same rounds and
-//!    calls a round congested when it has more than that rate explains (`n·c + 3·√(n·c) + 1`;
-//!    before anything is learned, two in one round). A line with bursts of three at 1 % loss
-//!    makes about one long run per round at 100 Mbit/s; two in one round used to be taken
-//!    for congestion every third round or so.
+//!    round needs ~65 runs, where 43 are expected, to count. Runs and not packets, because
+//!    a line that loses in bursts loses several packets at a time: its count of lost
+//!    packets varies from round to round by whole bursts, and a bound on packets took every
+//!    few rounds of a bursty line for congestion. Rounds judged by this rule alone still
+//!    teach the rate: the first rounds are small and can teach a rate well below the
+//!    line's, and if such rounds taught nothing, every later round would exceed the low
+//!    estimate, the rate would be cut each time, and the estimate would never be corrected
+//!    (a 5 % loss line held at a few Mbit/s). A policer's excess shows only in the rounds
+//!    that probe above its rate, and raises the rate only briefly.
+//! 3. **Clustered loss.** Packets leave in paced bursts of a millisecond or two, with other
+//!    traffic between them, so independent losses rarely hit several consecutive packets
+//!    (three in a row at 5 % loss: p³ = 1.25e-4 per packet). Long runs happen when a queue
+//!    overflows under a burst or a policer empties its bucket, and on lines that lose in
+//!    bursts (radio, a flapping line card). The classifier learns the line's own rate of
+//!    runs of three or more and calls a round congested when it has more than that rate
+//!    explains (`n·c + 3·√(n·c·(1-c)) + 1`, `n` at least the last round's packets so that
+//!    the first ACKs of a round are not judged on a handful; before anything is learned,
+//!    two in one round). A round judged congestion teaches the rate at most one long run
+//!    more than it allowed: a line's bursts are still learned when most rounds exceed a
+//!    bound learned too low, and an overflow's runs raise it only a little. A line with
+//!    bursts of three at 1 % loss makes about one long run per round at 100 Mbit/s; two in
+//!    one round used to be taken for congestion every third round or so.
+//!
+//! One run, however long, is not congestion: a link down for a few milliseconds loses a
+//! run of packets and then carries its rate again. A second long run in the round is (see
+//! the tests); a link that stays down is persistent congestion (`recovery`).
 //!
 //! Runs are found among the last 16 losses in whatever order they are learned: a run's
 //! losses can be declared by the sender and reported rebuilt by the peer in different ACKs.
@@ -67,19 +75,8 @@ pub(crate) enum Cause {
     Cluster,
 }
 
-/// What a round saw (see [`LossPattern::on_round_end`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RoundSeen {
-    /// Packets acknowledged or lost.
-    pub(crate) packets: u64,
-    /// Lost and not rebuilt by the peer.
-    pub(crate) unrepaired: u64,
-    /// No loss of the round was judged congestion, and it showed no queue's marks.
-    pub(crate) clean: bool,
-}
-
-/// Loss runs counted over some packets: runs of consecutive lost packets, and those of
-/// them at least [`CLUSTER_LEN`] long.
+/// Losses counted over some packets: the runs of consecutive lost ones, and those runs at
+/// least [`CLUSTER_LEN`] long.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Runs {
     packets: u64,
@@ -88,7 +85,8 @@ struct Runs {
 }
 
 impl Runs {
-    fn add(&mut self, delta: RunDelta) {
+    fn add_lost(&mut self, delta: RunDelta) {
+        self.packets += 1;
         self.runs += delta.runs;
         self.long += delta.long;
     }
@@ -102,59 +100,101 @@ struct RunDelta {
     long: i64,
 }
 
-/// A rate per packet learned from rounds (an average weighted 1/8 towards each new round).
+/// What the line loses when nothing is congested: loss runs and long runs per packet,
+/// learned from rounds (each rate an average weighted 1/8 towards each new round).
 #[derive(Debug, Clone, Copy, Default)]
-struct Learned {
-    rate: f64,
+struct Line {
+    runs: f64,
+    long: f64,
+    /// Rounds (and their packets) that taught the rate of runs, and the rate of long runs.
     rounds: u32,
     packets: u64,
+    long_rounds: u32,
+    long_packets: u64,
 }
 
-impl Learned {
-    fn learn(&mut self, count: i64, packets: u64) {
-        let fraction = count.max(0) as f64 / packets as f64;
-        self.rate = if self.rounds == 0 {
-            fraction
-        } else {
-            (self.rate * 7.0 + fraction) / 8.0
-        };
-        self.rounds = self.rounds.saturating_add(1);
-        self.packets = self.packets.saturating_add(packets);
-    }
-
-    fn trusted(&self) -> Option<f64> {
-        (self.rounds >= BASELINE_ROUNDS && self.packets >= BASELINE_PACKETS).then_some(self.rate)
-    }
+fn toward(old: f64, new: f64, first: bool) -> f64 {
+    if first { new } else { (old * 7.0 + new) / 8.0 }
 }
 
-/// More than `n` packets at `rate` per packet explain: a one-sided 3σ bound plus `slack`.
-fn above(count: i64, n: u64, rate: f64, slack: f64) -> bool {
+/// `expected` plus three standard deviations of a count of rare events at `rate` per
+/// packet (binomial), plus `slack`.
+fn bound(n: u64, rate: f64, slack: f64) -> f64 {
     let expected = n as f64 * rate;
-    let bound = expected + 3.0 * (expected * (1.0 - rate)).sqrt() + slack;
-    count as f64 > bound
+    expected + 3.0 * (expected * (1.0 - rate)).sqrt() + slack
+}
+
+impl Line {
+    fn trusted(&self) -> bool {
+        self.rounds >= BASELINE_ROUNDS && self.packets >= BASELINE_PACKETS
+    }
+
+    fn long_trusted(&self) -> bool {
+        self.long_rounds >= BASELINE_ROUNDS && self.long_packets >= BASELINE_PACKETS
+    }
+
+    /// The most loss runs among `n` packets the line explains, once learned (slack for
+    /// small rounds).
+    fn runs_bound(&self, n: u64) -> Option<f64> {
+        self.trusted().then(|| bound(n, self.runs, 3.0))
+    }
+
+    /// The most long runs among `n` packets the line explains (before it is learned, one).
+    fn long_bound(&self, n: u64) -> f64 {
+        bound(n, if self.long_trusted() { self.long } else { 0.0 }, 1.0)
+    }
+
+    /// Learns from a round. A round judged congestion teaches the rate of long runs at most
+    /// one more than it allowed, so that a line's bursts are learned even while they are
+    /// above the bound (if only rounds with fewer taught, a line with several per round
+    /// would be learned far too low), while an overflow's runs raise it only a little; a
+    /// round with clusters teaches nothing else.
+    fn learn(&mut self, round: &Runs, judged: bool, clustered: bool) {
+        let n = round.packets;
+        let long = if judged {
+            round.long.min(self.long_bound(n).floor() as i64 + 1)
+        } else {
+            round.long
+        };
+        let fraction = long.max(0) as f64 / n as f64;
+        self.long = toward(self.long, fraction, self.long_rounds == 0);
+        self.long_rounds = self.long_rounds.saturating_add(1);
+        self.long_packets = self.long_packets.saturating_add(n);
+        if clustered {
+            return;
+        }
+        self.runs = toward(
+            self.runs,
+            round.runs.max(0) as f64 / n as f64,
+            self.rounds == 0,
+        );
+        self.rounds = self.rounds.saturating_add(1);
+        self.packets = self.packets.saturating_add(n);
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct LossPattern {
-    /// Runs among the packets of the current round since the last reaction (judged).
+    /// Losses among the packets of the current round since the last reaction (judged).
     judged: Runs,
-    /// The same over the whole round (what the round teaches about the line).
+    /// The same over the whole round: what the round teaches. (Its ACKs do not say when
+    /// their packets were sent, so the losses of packets sent before a reaction count here
+    /// too; leaving them out would teach a rate below the line's.)
     round: Runs,
-    round_lost: u64,
-    /// This round's losses the peer rebuilt from parity, and whether any of its losses was
-    /// judged congestion.
-    round_repaired: u64,
-    round_judged_congestion: bool,
+    /// Packets in the last round: the least a round's allowance of long runs is spread
+    /// over, so that the first ACKs of a round or after a reaction do not judge on a
+    /// handful of packets.
+    last_round_packets: u64,
     /// Largest RTT sample of the current round.
     round_max_rtt: Duration,
-    /// Loss runs per packet, and long runs per packet, learned from uncongested rounds.
-    base_runs: Learned,
-    base_long: Learned,
+    line: Line,
     /// The last reaction; losses of packets sent before it are not judged again.
     reacted_at: Option<Instant>,
-    /// Whether the current round showed a queue's marks, inflation or clusters (then it
-    /// does not teach the base rates).
-    congested: bool,
+    /// What the current round was judged: a queue's marks (inflation: it teaches nothing),
+    /// clusters, or any congestion.
+    inflated: bool,
+    clustered: bool,
+    judged_congestion: bool,
     /// The last [`RECENT_LOST`] lost packet numbers, oldest overwritten first.
     recent: [u64; RECENT_LOST],
     recent_next: usize,
@@ -165,23 +205,22 @@ impl LossPattern {
         Self {
             judged: Runs::default(),
             round: Runs::default(),
-            round_lost: 0,
-            round_repaired: 0,
-            round_judged_congestion: false,
+            last_round_packets: 0,
             round_max_rtt: Duration::ZERO,
-            base_runs: Learned::default(),
-            base_long: Learned::default(),
+            line: Line::default(),
             reacted_at: None,
-            congested: false,
+            inflated: false,
+            clustered: false,
+            judged_congestion: false,
             recent: [u64::MAX; RECENT_LOST],
             recent_next: 0,
         }
     }
 
-    /// The learned rate of loss runs per packet, once trusted.
+    /// The learned rate of loss runs, once trusted.
     #[cfg(test)]
     fn base_runs(&self) -> Option<f64> {
-        self.base_runs.trusted()
+        self.line.trusted().then_some(self.line.runs)
     }
 
     pub(crate) fn on_ack(&mut self, packets: u64, rtt_sample: Option<Duration>) {
@@ -192,26 +231,19 @@ impl LossPattern {
         }
     }
 
-    /// A round ended: learn from it and start the next. Returns what it saw.
-    pub(crate) fn on_round_end(&mut self) -> RoundSeen {
-        let n = self.round.packets;
-        let seen = RoundSeen {
-            packets: n,
-            unrepaired: self.round_lost.saturating_sub(self.round_repaired),
-            clean: !self.congested && !self.round_judged_congestion,
-        };
-        if !self.congested && n >= BASELINE_MIN_PACKETS {
-            self.base_runs.learn(self.round.runs, n);
-            self.base_long.learn(self.round.long, n);
+    /// A round ended: learn from it and start the next.
+    pub(crate) fn on_round_end(&mut self) {
+        if !self.inflated && self.round.packets >= BASELINE_MIN_PACKETS {
+            self.line
+                .learn(&self.round, self.judged_congestion, self.clustered);
         }
+        self.last_round_packets = self.round.packets;
         self.judged = Runs::default();
         self.round = Runs::default();
-        self.round_lost = 0;
-        self.round_repaired = 0;
-        self.round_judged_congestion = false;
         self.round_max_rtt = Duration::ZERO;
-        self.congested = false;
-        seen
+        self.inflated = false;
+        self.clustered = false;
+        self.judged_congestion = false;
     }
 
     /// Judges newly lost packets. `inflation` is the RTT rise over `min_rtt` that marks a full
@@ -228,16 +260,12 @@ impl LossPattern {
             let Some(delta) = self.remember(p.number) else {
                 continue;
             };
-            self.round_lost += 1;
-            self.round_repaired += u64::from(p.repaired);
-            self.round.packets += 1;
-            self.round.add(delta);
+            self.round.add_lost(delta);
             if self.reacted_at.is_some_and(|at| p.sent < at) {
                 continue;
             }
             judged = true;
-            self.judged.packets += 1;
-            self.judged.add(delta);
+            self.judged.add_lost(delta);
         }
         if !judged {
             return None;
@@ -246,13 +274,14 @@ impl LossPattern {
             Some(Cause::Inflation)
         } else if self.excess() {
             Some(Cause::Excess)
-        } else if self.clustered() {
+        } else if self.has_clusters() {
             Some(Cause::Cluster)
         } else {
             None
         };
-        self.congested |= matches!(cause, Some(Cause::Inflation | Cause::Cluster));
-        self.round_judged_congestion |= cause.is_some();
+        self.inflated |= cause == Some(Cause::Inflation);
+        self.clustered |= cause == Some(Cause::Cluster);
+        self.judged_congestion |= cause.is_some();
         cause
     }
 
@@ -281,18 +310,18 @@ impl LossPattern {
     /// not packets: a line that loses in bursts loses several packets at a time, and its
     /// count of lost packets varies by as many from round to round.
     fn excess(&self) -> bool {
-        let Some(rate) = self.base_runs.trusted() else {
-            return false;
-        };
         let n = self.judged.packets;
-        n >= BASELINE_MIN_PACKETS && above(self.judged.runs, n, rate, 3.0)
+        n >= BASELINE_MIN_PACKETS
+            && self
+                .line
+                .runs_bound(n)
+                .is_some_and(|bound| self.judged.runs as f64 > bound)
     }
 
-    /// Whether this round has more long runs than the line's learned rate of them explains
-    /// (before it is learned, more than one).
-    fn clustered(&self) -> bool {
-        let rate = self.base_long.trusted().unwrap_or(0.0);
-        above(self.judged.long, self.judged.packets, rate, 1.0)
+    /// Whether this round has more long runs than the line's learned rate of them explains.
+    fn has_clusters(&self) -> bool {
+        let n = self.judged.packets.max(self.last_round_packets);
+        self.judged.long as f64 > self.line.long_bound(n)
     }
 
     /// The controller lowered its rate at `now`.
@@ -469,33 +498,46 @@ mod tests {
         assert!(round(&mut pattern, 20, 12).is_some());
     }
 
-    /// What a round reports for the controller's line-loss rate: losses the peer rebuilt
-    /// are not the sender's to make up for (they count as delivered), and a round with a
-    /// congestion verdict is not clean.
+    /// One run of 40 packets on a line learned at 1 % random loss (a link that was down
+    /// for a few milliseconds) is one run and one long run: not congestion, the rate
+    /// stands. A second long run in the round is.
     #[test]
-    fn a_round_reports_its_unrepaired_losses_and_whether_it_was_clean() {
+    fn one_outage_is_not_congestion_but_two_are() {
         let t = crate::test_epoch();
         let mut pattern = LossPattern::new();
-        pattern.on_ack(990, Some(MIN));
-        let mut losses = lost([5, 50, 90, 130], t);
-        losses[1].repaired = true;
-        losses[3].repaired = true;
-        assert_eq!(pattern.on_loss(&losses, MIN, INFLATION), None);
-        let seen = pattern.on_round_end();
+        learn(&mut pattern, t, 6, 10);
+        pattern.on_ack(860, Some(MIN));
+        let numbers = (0..40).map(|i| 1_000_000 + i);
+        assert_eq!(pattern.on_loss(&lost(numbers, t), MIN, INFLATION), None);
+        let numbers = (0..40).map(|i| 1_000_100 + i);
         assert_eq!(
-            seen,
-            RoundSeen {
-                packets: 994,
-                unrepaired: 2,
-                clean: true
-            }
-        );
-        pattern.on_ack(500, Some(MIN));
-        assert_eq!(
-            pattern.on_loss(&lost([10, 11, 12, 40, 41, 42], t), MIN, INFLATION),
+            pattern.on_loss(&lost(numbers, t), MIN, INFLATION),
             Some(Cause::Cluster)
         );
-        assert!(!pattern.on_round_end().clean);
+    }
+
+    /// A line whose every round has several runs of three, from the first: each round is
+    /// judged congestion until the rate of long runs is learned, which takes a few rounds,
+    /// not forever.
+    #[test]
+    fn a_line_bursty_from_the_start_is_learned() {
+        let t = crate::test_epoch();
+        let mut pattern = LossPattern::new();
+        let mut verdicts = [0; 2];
+        for number in 0..40u64 {
+            pattern.on_ack(991, Some(MIN));
+            let base = number * 10_000;
+            let numbers = (0..3).flat_map(|r| (0..3).map(move |i| base + r * 100 + i));
+            if pattern.on_loss(&lost(numbers, t), MIN, INFLATION).is_some() {
+                verdicts[usize::from(number >= 20)] += 1;
+                pattern.reacted(t);
+            }
+            pattern.on_round_end();
+        }
+        assert!(
+            verdicts[0] <= 10 && verdicts[1] == 0,
+            "verdicts {verdicts:?}"
+        );
     }
 
     #[test]

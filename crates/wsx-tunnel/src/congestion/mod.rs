@@ -70,9 +70,9 @@ pub enum LossVerdict {
     /// above its floor: these losses, and those still to be found among the packets in
     /// flight, are overflow, not the line's.
     Overflow,
-    /// Congestion judged another way (more loss than the line's rate explains, clustered
-    /// losses, or any loss to a loss-based controller): possibly the line's own bursts,
-    /// which a burst-loss line produces in numbers a binomial does not expect.
+    /// Congestion judged another way (more loss runs or long runs than the line's learned
+    /// rates explain, or any loss to a loss-based controller): possibly the line's own
+    /// losses, in an unlucky round.
     Congestion,
 }
 

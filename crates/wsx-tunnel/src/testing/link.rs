@@ -19,6 +19,10 @@ pub struct LinkConfig {
     /// Gilbert-Elliott burst loss: (P(good→bad), P(bad→good)) per datagram; every datagram
     /// in the bad state is lost.
     pub burst: Option<(f64, f64)>,
+    /// Whether the line's losses (`loss`, `burst`) happen before the bottleneck instead of
+    /// after it, as netem and the lab's emulator place them: the bottleneck then serializes
+    /// only what survived, and a sender must send more than its rate to keep it busy.
+    pub loss_before_queue: bool,
     /// Probability that a datagram is held back by `reorder_delay` (so later ones pass it).
     pub reorder: f64,
     pub reorder_delay: Duration,
@@ -46,6 +50,7 @@ impl LinkConfig {
             queue: crate::congestion::bytes_in(rate, rtt).max(64 * 1024),
             loss: 0.0,
             burst: None,
+            loss_before_queue: false,
             reorder: 0.0,
             reorder_delay: Duration::ZERO,
             duplicate: 0.0,
@@ -130,6 +135,9 @@ impl Link {
             self.stats.dropped_too_big += 1;
             return;
         }
+        if self.config.loss_before_queue && self.line_drops() {
+            return;
+        }
         // The bottleneck: queue, then serialize.
         let mut leave = now;
         if let Some(rate) = self.config.rate {
@@ -145,19 +153,7 @@ impl Link {
             self.busy_until = Some(leave);
         }
         // The line beyond it: losses.
-        if let Some((to_bad, to_good)) = self.config.burst {
-            self.bad_state = if self.bad_state {
-                !self.chance(to_good)
-            } else {
-                self.chance(to_bad)
-            };
-            if self.bad_state {
-                self.stats.dropped_loss += 1;
-                return;
-            }
-        }
-        if self.chance(self.config.loss) {
-            self.stats.dropped_loss += 1;
+        if !self.config.loss_before_queue && self.line_drops() {
             return;
         }
         let mut arrive = leave + self.config.delay;
@@ -182,6 +178,20 @@ impl Link {
             self.in_flight
                 .push(Reverse((arrive, self.sequence, slot, tag)));
         }
+    }
+
+    /// Whether the line loses the datagram now (bursts, then independent losses); counted.
+    fn line_drops(&mut self) -> bool {
+        if let Some((to_bad, to_good)) = self.config.burst {
+            self.bad_state = if self.bad_state {
+                !self.chance(to_good)
+            } else {
+                self.chance(to_bad)
+            };
+        }
+        let lost = self.bad_state || self.chance(self.config.loss);
+        self.stats.dropped_loss += u64::from(lost);
+        lost
     }
 
     fn chance(&mut self, p: f64) -> bool {

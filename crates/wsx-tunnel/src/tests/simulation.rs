@@ -41,9 +41,9 @@ pub(super) fn run_for(pair: &mut Pair, transfers: &mut Transfers, duration: Dura
 }
 
 /// Goodput over the buckets `from..to` of the receiver's 100 ms buckets, as a fraction of
-/// `rate`.
+/// `rate`. Buckets after the last delivery (not there yet) count as empty.
 fn utilization(transfers: &Transfers, from: usize, to: usize, rate: u64) -> f64 {
-    let bytes: u64 = transfers.delivered[from..to].iter().sum();
+    let bytes: u64 = transfers.delivered.iter().take(to).skip(from).sum();
     let seconds = (to - from) as f64 * transfers.bucket.as_secs_f64();
     bytes as f64 / (rate as f64 * seconds)
 }
@@ -77,8 +77,6 @@ fn five_percent_random_loss_keeps_80_percent() {
     assert!(u >= 0.80, "utilization {u:.4}: {stats:#?}");
 }
 
-/// The tunnel's own reliability costs few reverse packets: at steady state at most one per
-/// twenty forward data packets (TCP sends one per two).
 /// Without FEC, the pacing rate makes up for what the line loses at random: the estimate
 /// counts only what arrived, and the losses here take their share of the bottleneck before
 /// the line drops them. Paced at the estimate alone, 5 % loss kept 87.4-87.8 % (seeds 1 and
@@ -102,6 +100,30 @@ fn without_fec_five_percent_random_loss_keeps_90_percent() {
     }
 }
 
+/// Where the line loses packets before the bottleneck (as netem and the lab's emulator
+/// do), the bottleneck serializes only what survived: a sender paced at its delivery rate
+/// leaves the line's loss rate of it idle, 5 % here. The pacing rate makes up for the loss
+/// measured on what drains send. Measured (seeds 1-3, steady state): 95.5-96.6 %; paced
+/// at the estimate alone, 91.1 % (seed 1).
+#[test]
+fn five_percent_loss_before_the_bottleneck_keeps_it_busy() {
+    for seed in 1..4 {
+        let mut link = LinkConfig::new(RTT, 100).with_loss(0.05);
+        link.loss_before_queue = true;
+        let mut pair = pair(link, seed);
+        let mut transfers = endless_stream(&mut pair);
+        run_for(&mut pair, &mut transfers, Duration::from_secs(21));
+        let u = utilization(&transfers, 30, 200, RATE);
+        let busy = pair.link_stats(0).delivered_bytes as f64 / (RATE as f64 * 21.0);
+        assert!(
+            u >= 0.94,
+            "seed {seed}: utilization {u:.4}, bottleneck busy {busy:.4}"
+        );
+    }
+}
+
+/// The tunnel's own reliability costs few reverse packets: at steady state at most one per
+/// twenty forward data packets (TCP sends one per two).
 #[test]
 fn reverse_packets_are_at_most_one_per_twenty_data_packets() {
     for loss in [0.0, 0.01] {

@@ -644,7 +644,7 @@ impl Recovery {
             };
             let verdict = controller.on_loss(now, &event);
             // A queue overflowing is not the path's own loss: FEC must not buy parity
-            // against it. (Clustered losses may be the line's bursts, which FEC is for.)
+            // against it. (Clustered losses may be the line's own bursts.)
             if verdict == LossVerdict::Overflow {
                 if let Some(fec) = &mut self.fec {
                     fec.on_overflow(self.next_pn);
