@@ -1275,9 +1275,9 @@ fn rtt_samples_for_the_controller_leave_out_the_ack_delay() {
 
 /// Bursts of loss (Gilbert-Elliott, mean burst 3, about 1 % loss) on a line that is not
 /// congested. The classifier learns the line's rate of loss runs and of long runs, so the
-/// bursts are not taken for a full queue once learned. Measured (steady state, seeds 1-4):
-/// 96.0-96.8 % with 4-8 congestion events in 21 s (the start's overshoot among them);
-/// when every second run of three was congestion, 91.9-92.4 % with 28-38 events.
+/// bursts are not taken for a full queue once learned. Measured (steady state): 96.0-96.8 %
+/// with 1-8 congestion events in 21 s (the start's overshoot among them); when every
+/// second run of three was congestion, 91.9-92.4 % with 28-38 events.
 #[test]
 fn burst_loss_on_an_uncongested_line_costs_little_rate() {
     for seed in 1..5 {
