@@ -337,17 +337,11 @@ impl Adaptive {
     /// Folds the last drain into the line's loss rate once its packets' fate is known:
     /// `now` at least two minimum RTTs and the peer's ACK delay after it ended.
     fn learn_line_loss_after(&mut self, now: Instant) {
-        let settled = self.drain.is_some_and(|span| {
-            span.end
-                .is_some_and(|end| now >= end + 2 * self.min_rtt + self.peer_ack_delay)
-        });
-        if settled {
-            self.learn_line_loss();
-        }
-    }
-
-    fn learn_line_loss(&mut self) {
-        let Some(span) = self.drain.take() else {
+        let settle = 2 * self.min_rtt + self.peer_ack_delay;
+        let Some(span) = self
+            .drain
+            .take_if(|span| span.end.is_some_and(|end| now >= end + settle))
+        else {
             return;
         };
         if span.spoiled || span.sent < LINE_LOSS_MIN_DRAIN * self.max_datagram {
@@ -659,6 +653,7 @@ impl WindowedMax {
 #[cfg(test)]
 mod tests {
     use super::super::LostPacket;
+    use super::super::tests::lost;
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
@@ -738,18 +733,6 @@ mod tests {
             }),
         };
         Adaptive::new(&AdaptiveConfig::default(), start, &params)
-    }
-
-    fn lost(numbers: impl IntoIterator<Item = u64>, sent: Instant) -> Vec<LostPacket> {
-        numbers
-            .into_iter()
-            .map(|number| LostPacket {
-                number,
-                bytes: 1400,
-                sent,
-                repaired: false,
-            })
-            .collect()
     }
 
     /// The verdict on `lost`.

@@ -334,19 +334,8 @@ impl LossPattern {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::lost;
     use super::*;
-
-    fn lost(numbers: impl IntoIterator<Item = u64>, sent: Instant) -> Vec<LostPacket> {
-        numbers
-            .into_iter()
-            .map(|number| LostPacket {
-                number,
-                bytes: 1200,
-                sent,
-                repaired: false,
-            })
-            .collect()
-    }
 
     const MIN: Duration = Duration::from_millis(100);
     const INFLATION: Duration = Duration::from_millis(25);

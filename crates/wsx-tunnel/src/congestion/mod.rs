@@ -225,3 +225,22 @@ pub(crate) fn rate_of(bytes: u64, interval: Duration) -> u64 {
     let nanos = interval.as_nanos().max(1);
     (u128::from(bytes) * 1_000_000_000 / nanos).min(u128::from(u64::MAX)) as u64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LostPacket;
+    use std::time::Instant;
+
+    /// Packets `numbers` of 1,400 bytes, all sent at `sent`, lost and not rebuilt.
+    pub(super) fn lost(numbers: impl IntoIterator<Item = u64>, sent: Instant) -> Vec<LostPacket> {
+        numbers
+            .into_iter()
+            .map(|number| LostPacket {
+                number,
+                bytes: 1400,
+                sent,
+                repaired: false,
+            })
+            .collect()
+    }
+}
