@@ -311,6 +311,12 @@ impl LossMeter {
         self.run = 0;
     }
 
+    /// Whether [`Self::stats`] rests on a measurement: a whole window, or a fifth of the
+    /// first one. Before that it reads no loss, having seen too few packets to tell.
+    pub fn measured(&self) -> bool {
+        self.rate.is_some() || self.packets >= WINDOW / 5
+    }
+
     /// The estimate: the smoothed rate of past windows, or the current window's if it is
     /// already worse (loss that starts is protected against quickly).
     pub fn stats(&self) -> LossStats {

@@ -73,7 +73,8 @@ pub enum FecMode {
     /// As much as the measured loss rate and burst length need (none on a clean path), for
     /// the packets whose loss would cost a round trip: the last half round trip of each
     /// flight. A bulk transfer's losses, independent or in bursts, are resent instead,
-    /// which costs the link less.
+    /// which costs the link less. Until the path's loss is measured (the first 200
+    /// packets), it assumes the 1 % of `On`.
     #[default]
     Adaptive,
 }

@@ -14,7 +14,8 @@ use wsx_fec::policy::{self, LossMeter, ParityBudget, Policy};
 /// 100 Mbit/s a block gathers about 220 packets of 1,400 bytes before it closes.
 const FLUSH_MIN: Duration = Duration::from_millis(1);
 const FLUSH_MAX: Duration = Duration::from_millis(50);
-/// The loss rate FEC "on" assumes at least.
+/// The loss rate FEC "on" assumes at least, and adaptive FEC until its meter has measured
+/// the path.
 const ON_MIN_LOSS: f64 = 0.01;
 
 /// Whether a sent packet may be declared lost yet.
@@ -132,7 +133,18 @@ impl FecSender {
             FecMode::Adaptive if !flight_ending => return false,
             FecMode::Adaptive | FecMode::On => {}
         }
-        let Some(shape) = policy::shape(stats, &self.policy) else {
+        // Until the meter has seen enough packets to measure the path, adaptive FEC assumes
+        // what "on" does: the first answers of a cold tunnel are the ones a loss would make
+        // a round trip slower (a cold tunnel's first 64 KiB answer once took six).
+        let policy = if self.meter.measured() {
+            self.policy
+        } else {
+            Policy {
+                min_loss: self.policy.min_loss.max(ON_MIN_LOSS),
+                ..self.policy
+            }
+        };
+        let Some(shape) = policy::shape(stats, &policy) else {
             return false;
         };
         self.encoder.open(pn, shape);
