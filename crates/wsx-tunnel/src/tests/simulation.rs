@@ -1299,6 +1299,28 @@ fn burst_loss_on_an_uncongested_line_costs_little_rate() {
     }
 }
 
+/// A bottleneck whose queue holds only 2 ms (a policer, a shallow switch buffer) shows no
+/// rising RTT when it overflows: the loss runs and long runs above the line's learned rates
+/// must still be taken for congestion, or the sender would keep probing into it. Measured:
+/// 3.8-3.9 % of the packets dropped at the queue, 94.0 % of the link; with no verdicts but
+/// RTT inflation, 7.7 % dropped (93.6 % of the link).
+#[test]
+fn a_short_queue_overflowing_is_congestion() {
+    let mut link = LinkConfig::new(RTT, 100);
+    link.queue = 25_000;
+    let mut pair = pair(link, 1);
+    let mut transfers = endless_stream(&mut pair);
+    run_for(&mut pair, &mut transfers, Duration::from_secs(21));
+    let u = utilization(&transfers, 30, 200, RATE);
+    let stats = pair.link_stats(0);
+    let dropped = stats.dropped_queue as f64 / stats.sent as f64;
+    assert!(
+        dropped < 0.06 && u >= 0.9,
+        "{:.2} % dropped at the queue, utilization {u:.4}",
+        dropped * 100.0
+    );
+}
+
 /// A short dip of the bottleneck (a burst of cross traffic) leaves a queue behind when the
 /// rate estimate, a maximum over ten rounds, outlasts it. The probe cycle's drain phase must
 /// remove it: when it ended after one round, as the probe before it had added a round's
