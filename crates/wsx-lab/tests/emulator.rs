@@ -198,7 +198,15 @@ fn the_timeline_places_frames_when_they_arrived() {
     // The lab's own IPv6 housekeeping (a neighbour solicitation, 136 bytes) may pass too.
     assert!(stats.rx_pkts >= 100, "{stats:?}");
     assert_eq!(stats.unstamped, 0, "{stats:?}");
-    assert_eq!(timeline.iter().sum::<u64>(), stats.rx_bytes, "{timeline:?}");
+    // Every byte of the test's frames is placed; a housekeeping frame the kernel stamped
+    // just before the mark (the emulator handled it after `before` was read) is counted
+    // but not placed, since it arrived before the timeline began.
+    let placed = timeline.iter().sum::<u64>();
+    assert!(
+        placed >= 100_000 && placed <= stats.rx_bytes && stats.rx_bytes - placed < 1000,
+        "{placed} placed of {} received: {timeline:?}",
+        stats.rx_bytes
+    );
     let busy: Vec<usize> = (0..timeline.len())
         .filter(|&ms| timeline[ms] >= 1000)
         .collect();
