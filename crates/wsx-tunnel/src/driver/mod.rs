@@ -23,16 +23,16 @@
 //! Reader wake-ups: at 100 Mbit/s paced datagrams arrive one at a time, and waking a stream's
 //! reader for each would cost a task wake-up and a small write to the far socket per datagram.
 //! A reader woken for data is therefore woken again at most every 16 ms while a flow streams
-//! (RTT/8 on shorter paths; half that when it is woken with other readers, see below), or
-//! sooner once 64 KiB wait. The end of what the peer's
-//! application had written (a STREAM frame marked PUSH, or FIN) wakes it within 1 ms instead,
-//! so the tail of an answer is not held back; and the first data after a quiet spell wakes it
-//! at once, so a request that arrives alone is not delayed. Readers of flows that stream
+//! (half that when it is woken with other readers, see below), or sooner once 64 KiB wait.
+//! The end of what the peer's application had written (a STREAM frame marked PUSH, or FIN)
+//! wakes it within 1 ms instead (RTT/8 on paths under 8 ms), so the tail of an answer is not
+//! held back; and the first data after a quiet spell wakes it at once, so a request that
+//! arrives alone is not delayed. Readers of flows that stream
 //! side by side are woken in step (see `LinkState::wake_readers`).
 //!
 //! Receive moderation: the same datagrams would also wake the I/O task one at a time, each
 //! wake-up a context switch. While they stream in, the task stops watching the socket for
-//! a hold after each receive (as long as eight arrivals take, at most RTT/64 and 1 ms; none
+//! a hold after each receive (as long as eight arrivals take, at most RTT/8 and 1 ms; none
 //! under 50 µs or without a connection) and takes what came meanwhile in one batch; see
 //! `Moderation` and, for how the socket is watched, `socket::Watched`.
 //!
@@ -54,6 +54,7 @@ use crate::config::{EndpointConfig, FecMode};
 use crate::connection::{Connection, ConnectionError, ConnectionStats, ControlError, Event};
 use crate::crypto::PublicKey;
 use crate::endpoint::{ConnectError, ConnectionHandle, DatagramEvent, Endpoint, EndpointStats};
+use crate::rtt::RttEstimator;
 use crate::streams::StreamError;
 use crate::wire::{StreamId, StreamMeta};
 use quinn_udp::UdpSocketState;
@@ -74,11 +75,17 @@ use tracing::Instrument;
 const RECEIVE_CALLS_PER_ROUND: usize = 16;
 
 /// The longest an arriving datagram waits while the driver takes arrivals in batches (see
-/// [`Moderation`]). A connection whose smoothed RTT is under 64 ms allows RTT/64.
+/// [`Moderation`]). A connection whose smoothed RTT is under 8 ms allows RTT/8 (the share
+/// of the round trip an early ACK may already wait, see `connection::ack`). At 10 ms and
+/// 100 Mbit/s, RTT/64 (156 µs, 1.4 datagrams a wake-up) had cost the receiving gateway three
+/// times its CPU per GB at 100 ms; with 1 ms the exchanges' median rose by 0.1 ms.
 const MAX_RECEIVE_HOLD: Duration = Duration::from_millis(1);
 
+/// The share of the smoothed RTT a connection lets its arrivals be held.
+const RECEIVE_HOLD_RTT_SHARE: u32 = 8;
+
 /// The shortest hold worth a timer wake-up: arrivals faster than eight in this time fill a
-/// batch while a wake-up takes place, and on paths under 3.2 ms (RTT/64 below it) nothing
+/// batch while a wake-up takes place, and on paths under 400 µs (RTT/8 below it) nothing
 /// is held.
 const MIN_RECEIVE_HOLD: Duration = Duration::from_micros(50);
 
@@ -92,12 +99,16 @@ const RECEIVE_BATCH: u32 = 8;
 const TRANSMITS_PER_ROUND: usize = 64;
 
 /// The longest a stream reader's wake-up waits for more data after the reader was last woken
-/// for data; see the module documentation. A path shorter than 128 ms waits RTT/8. At 4 ms,
-/// ten sessions sharing 100 Mbit/s had their readers woken (and wrote the far sockets) 2,500
-/// times a second, ~5 KB each; at 16 ms the receiving gateway's CPU per GB fell by a fifth.
+/// for data; see the module documentation. At 4 ms, ten sessions sharing 100 Mbit/s had
+/// their readers woken (and wrote the far sockets) 2,500 times a second, ~5 KB each; at
+/// 16 ms the receiving gateway's CPU per GB fell by a fifth. It does not shrink with the
+/// RTT: data still streaming is not what anyone waits for (the end of what the peer wrote
+/// carries PUSH), and on a 10 ms path RTT/8 had woken a bulk flow's reader 800 times a
+/// second.
 const MAX_READ_DELAY: Duration = Duration::from_millis(16);
 
-/// The same once the data up to a PUSH (the end of what the peer had to send) is in.
+/// The same once the data up to a PUSH (the end of what the peer had to send) is in; RTT/8
+/// on paths under 8 ms.
 const MAX_PUSH_DELAY: Duration = Duration::from_millis(1);
 
 /// Bytes waiting for a stream reader that wake it without further delay.
@@ -643,8 +654,8 @@ impl LinkState {
     /// one wake-up of the runtime for all of them rather than one each at its own phase.
     /// No reader is woken later for it.
     fn wake_readers(&mut self, now: Instant) {
-        let eighth = self.connection.rtt().smoothed() / 8;
-        let (streaming, pushed) = (eighth.min(MAX_READ_DELAY), eighth.min(MAX_PUSH_DELAY));
+        let streaming = MAX_READ_DELAY;
+        let pushed = (self.connection.rtt().smoothed() / 8).min(MAX_PUSH_DELAY);
         let (streams, connection) = (&mut self.streams, &self.connection);
         // When each deferred reader is due, and when it would join a wake-up of others.
         let due = |id: StreamId, slot: &StreamSlot| {
@@ -1084,12 +1095,7 @@ impl Io {
             state.dispatch_events(now);
             entry.timeout = state.connection.poll_timeout();
             entry.wake_readers_at = state.wake_readers_at;
-            let rtt = state.connection.rtt();
-            entry.hold = match rtt.smoothed() / 64 {
-                // Below the floor a hold batches little and costs a timer wake-up.
-                hold if !rtt.has_sample() || hold < MIN_RECEIVE_HOLD => Duration::ZERO,
-                hold => hold.min(MAX_RECEIVE_HOLD),
-            };
+            entry.hold = receive_hold(state.connection.rtt());
             if state.connection.is_drained() {
                 drained.push((entry.link.handle, state.connection.path_hint()));
             }
@@ -1105,6 +1111,16 @@ impl Io {
     }
 }
 
+/// The longest a connection lets its arrivals be held (see [`Moderation`]): a share of its
+/// smoothed RTT, at most [`MAX_RECEIVE_HOLD`]; none before an RTT sample or below
+/// [`MIN_RECEIVE_HOLD`], where a hold batches little and costs a timer wake-up.
+fn receive_hold(rtt: &RttEstimator) -> Duration {
+    match rtt.smoothed() / RECEIVE_HOLD_RTT_SHARE {
+        hold if !rtt.has_sample() || hold < MIN_RECEIVE_HOLD => Duration::ZERO,
+        hold => hold.min(MAX_RECEIVE_HOLD),
+    }
+}
+
 /// Receive moderation. Paced datagrams arrive one at a time (every 120 µs at 100 Mbit/s),
 /// and each would wake the process: an epoll wake-up, a context switch, a round of the I/O
 /// task and two receive calls per datagram. While datagrams stream in, the driver stops
@@ -1116,7 +1132,7 @@ impl Io {
 /// moderation, so the first datagram after a quiet spell (a request) is taken at once. A
 /// hold lasts as long as [`RECEIVE_BATCH`] datagrams take to arrive at the rate seen since
 /// the last receive, so that the tail of a fast burst (an answer) is not held longer than
-/// its arrival needs; and never longer than 1/64 of the shortest smoothed RTT among the
+/// its arrival needs; and never longer than an eighth of the shortest smoothed RTT among the
 /// connections, at most [`MAX_RECEIVE_HOLD`]: no datagram waits longer. No hold is shorter
 /// than [`MIN_RECEIVE_HOLD`], and nothing is held without a connection or before every
 /// connection has an RTT sample. Pure: times are passed in.
