@@ -243,34 +243,55 @@ impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
+        // Chunk after chunk while `buf` has room and the stream has them, so that a relay
+        // woken for data writes what came in one socket write, not one per 16 KiB chunk
+        // (ten sessions at 100 Mbit/s: 1,100 writes a second of 11 KB on the receiving
+        // gateway). Once something is in `buf`, a stream with nothing more (or an error)
+        // ends the read with what it has: every error here comes back on the next read.
+        let start = buf.filled().len();
         loop {
-            if this.plain_at < this.plain.len() {
-                let n = buf.remaining().min(this.plain.len() - this.plain_at);
-                buf.put_slice(&this.plain[this.plain_at..this.plain_at + n]);
-                this.plain_at += n;
-                if this.plain_at == this.plain.len() {
-                    this.plain = Vec::new();
-                    this.plain_at = 0;
+            let before = buf.filled().len();
+            match this.poll_chunk(cx, buf) {
+                Poll::Ready(Ok(())) if buf.filled().len() > before && buf.remaining() > 0 => {}
+                Poll::Ready(Err(_)) | Poll::Pending if buf.filled().len() > start => {
+                    return Poll::Ready(Ok(()));
                 }
-                return Poll::Ready(Ok(()));
-            }
-            let step = match this.state {
-                ReadState::Header { have } => ready!(this.poll_header(cx, have))?,
-                ReadState::Stored { left: 0 } => {
-                    this.state = ReadState::Header { have: 0 };
-                    Step::Again
-                }
-                ReadState::Stored { left } => ready!(this.poll_stored(cx, buf, left))?,
-                ReadState::Deflated { header } => ready!(this.poll_deflated(cx, buf, header))?,
-            };
-            if let Step::Done = step {
-                return Poll::Ready(Ok(()));
+                other => return other,
             }
         }
     }
 }
 
 impl<S: AsyncRead + Unpin> Chunked<S> {
+    /// Reads from the next chunk (or the rest of the current one) into `buf`; nothing read
+    /// is the end of the stream.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            if self.plain_at < self.plain.len() {
+                let n = buf.remaining().min(self.plain.len() - self.plain_at);
+                buf.put_slice(&self.plain[self.plain_at..self.plain_at + n]);
+                self.plain_at += n;
+                if self.plain_at == self.plain.len() {
+                    self.plain = Vec::new();
+                    self.plain_at = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            let step = match self.state {
+                ReadState::Header { have } => ready!(self.poll_header(cx, have))?,
+                ReadState::Stored { left: 0 } => {
+                    self.state = ReadState::Header { have: 0 };
+                    Step::Again
+                }
+                ReadState::Stored { left } => ready!(self.poll_stored(cx, buf, left))?,
+                ReadState::Deflated { header } => ready!(self.poll_deflated(cx, buf, header))?,
+            };
+            if let Step::Done = step {
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+
     /// Collects a chunk header (`have` bytes of it so far) and moves to its payload.
     fn poll_header(&mut self, cx: &mut Context<'_>, have: usize) -> Poll<io::Result<Step>> {
         let need = match have {
@@ -355,7 +376,11 @@ impl<S: AsyncRead + Unpin> Chunked<S> {
             buf.advance(header.plain);
         } else {
             self.plain.resize(header.plain, 0);
-            inflate(&self.payload, &mut self.plain).map_err(invalid)?;
+            if let Err(e) = inflate(&self.payload, &mut self.plain) {
+                // Nothing of a chunk that does not inflate is handed out, now or later.
+                self.plain.clear();
+                return Poll::Ready(Err(invalid(e)));
+            }
         }
         self.counters
             .received(header.len + header.wire, header.plain, start.elapsed());
@@ -478,6 +503,43 @@ mod tests {
 
         let (_, stats) = through(&text(100_000), 0, 65_536).await;
         assert_eq!(stats.chunks_deflated + stats.chunks_incompressible, 0);
+    }
+
+    /// What has arrived comes out in one read, chunk after chunk, as far as the reader's
+    /// buffer goes; data ahead of a broken chunk is handed out before its error.
+    #[tokio::test]
+    async fn one_read_takes_every_chunk_that_has_arrived() {
+        let mut data = random(40_000);
+        data.extend(text(40_000));
+        let mut wire = Vec::new();
+        let mut compressor = Compressor::new(2);
+        for piece in data.chunks(MAX_CHUNK) {
+            compressor.encode(piece, &mut wire);
+        }
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        a.write_all(&wire).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut reader = Chunked::new(b, codec(0));
+        let mut buf = vec![0; 1 << 17];
+        let n = reader
+            .read(&mut buf)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(buf[..n] == data[..], "{n} bytes in the first read");
+        // A whole chunk, then garbage: the chunk first, the error on the next read.
+        let mut first = Vec::new();
+        Compressor::new(2).encode(&data[..MAX_CHUNK], &mut first);
+        first.extend_from_slice(&[9u8, 0, 0]);
+        a.write_all(&first).await.unwrap_or_else(|e| panic!("{e}"));
+        let n = reader
+            .read(&mut buf)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            buf[..n] == data[..MAX_CHUNK],
+            "{n} bytes before the garbage"
+        );
+        let err = reader.read(&mut buf).await.err().map(|e| e.kind());
+        assert_eq!(err, Some(io::ErrorKind::InvalidData));
     }
 
     #[tokio::test]
