@@ -206,10 +206,49 @@ fn poisson_tail(lambda: f64, j: u32) -> f64 {
 const WINDOW: u32 = 1000;
 /// Longer runs of consecutive losses are overflow, not the path's own loss.
 const OVERFLOW_RUN: u32 = 8;
-/// Recent losses kept to find the neighbours of a new one: runs are found whatever order
-/// the losses are learned in (a loss declared by the sender's thresholds and its neighbour
-/// rebuilt by the receiver are learned from different ACKs).
-const RECENT_LOSSES: usize = 16;
+/// Lost packets [`RecentLosses`] keeps.
+pub const RECENT_LOSSES: usize = 16;
+
+/// The last [`RECENT_LOSSES`] lost packet numbers, to place a new loss among its neighbours
+/// whatever order losses are learned in (a loss declared by the sender's thresholds and its
+/// neighbour rebuilt by the receiver come from different ACKs, and the losses of one run
+/// from several). Used by [`LossMeter`] and by the tunnel's congestion classifier.
+#[derive(Debug, Clone)]
+pub struct RecentLosses {
+    numbers: [u64; RECENT_LOSSES],
+    /// The slot the next loss overwrites (the oldest).
+    next: usize,
+}
+
+impl Default for RecentLosses {
+    fn default() -> Self {
+        Self {
+            numbers: [u64::MAX; RECENT_LOSSES],
+            next: 0,
+        }
+    }
+}
+
+impl RecentLosses {
+    /// Remembers lost packet `pn`, and returns how many remembered losses run on from it
+    /// below and above (`pn - 1`, `pn - 2`, ... and `pn + 1`, ...), or `None` if `pn` was
+    /// remembered already.
+    pub fn remember(&mut self, pn: u64) -> Option<(u64, u64)> {
+        if self.numbers.contains(&pn) {
+            return None;
+        }
+        let extent = |step: fn(u64, u64) -> Option<u64>| {
+            (1..=RECENT_LOSSES as u64)
+                .take_while(|&k| step(pn, k).is_some_and(|n| self.numbers.contains(&n)))
+                .count() as u64
+        };
+        let below = extent(u64::checked_sub);
+        let above = extent(u64::checked_add);
+        self.numbers[self.next] = pn;
+        self.next = (self.next + 1) % RECENT_LOSSES;
+        Some((below, above))
+    }
+}
 
 /// Measures the loss rate and the burst length from packet outcomes: a packet is lost if
 /// the receiver did not get it, whether or not parity rebuilt it. Outcomes come roughly in
@@ -221,8 +260,7 @@ pub struct LossMeter {
     /// Pairs of consecutive packet numbers among this window's losses: a run of `n` losses
     /// has `n - 1`, so the window's losses form `lost - adjacent` runs.
     adjacent: u32,
-    recent: [u64; RECENT_LOSSES],
-    next_recent: usize,
+    recent: RecentLosses,
     /// Losses of packets numbered below this are a queue's overflow (see `on_overflow`).
     overflow_below: u64,
     rate: Option<f64>,
@@ -237,8 +275,7 @@ impl Default for LossMeter {
             packets: 0,
             lost: 0,
             adjacent: 0,
-            recent: [u64::MAX; RECENT_LOSSES],
-            next_recent: 0,
+            recent: RecentLosses::default(),
             overflow_below: 0,
             rate: None,
             last_lost: None,
@@ -255,14 +292,9 @@ impl LossMeter {
         self.packets += 1;
         if lost {
             self.lost += 1;
-            let neighbours = self
-                .recent
-                .iter()
-                .filter(|&&r| r != u64::MAX && r.abs_diff(pn) == 1)
-                .count();
-            self.adjacent += neighbours as u32;
-            self.recent[self.next_recent] = pn;
-            self.next_recent = (self.next_recent + 1) % RECENT_LOSSES;
+            if let Some((below, above)) = self.recent.remember(pn) {
+                self.adjacent += u32::from(below > 0) + u32::from(above > 0);
+            }
             if self.last_lost.is_some_and(|l| pn == l + 1) {
                 self.run += 1;
             } else {
@@ -531,7 +563,47 @@ mod tests {
         }
     }
 
+    #[test]
+    fn recent_losses_place_a_loss_among_its_neighbours() {
+        let mut recent = RecentLosses::default();
+        assert_eq!(recent.remember(10), Some((0, 0)));
+        assert_eq!(recent.remember(12), Some((0, 0)));
+        // 11 joins 10 below and 12 above; 9 then has 10, 11, 12 above it.
+        assert_eq!(recent.remember(11), Some((1, 1)));
+        assert_eq!(recent.remember(9), Some((0, 3)));
+        assert_eq!(recent.remember(11), None);
+        // The oldest is forgotten first: after sixteen more, 9 to 12 are gone.
+        for pn in (100..132).step_by(2) {
+            assert_eq!(recent.remember(pn), Some((0, 0)));
+        }
+        assert_eq!(recent.remember(13), Some((0, 0)));
+    }
+
     proptest::proptest! {
+        /// Learned in any order, the losses' own account of the runs they join (a new run,
+        /// a longer one, two joined) sums to the runs among them.
+        #[test]
+        fn recent_losses_count_runs_in_any_order(
+            lost in proptest::collection::btree_set(0u64..40, 0..=RECENT_LOSSES),
+            order in proptest::collection::vec(proptest::num::usize::ANY, RECENT_LOSSES),
+        ) {
+            let mut numbers: Vec<u64> = lost.iter().copied().collect();
+            for (i, &j) in order.iter().enumerate().take(numbers.len()) {
+                let k = j % numbers.len();
+                numbers.swap(i, k);
+            }
+            let runs = lost.iter().filter(|&&n| n == 0 || !lost.contains(&(n - 1))).count();
+            let mut recent = RecentLosses::default();
+            let mut counted = 0i64;
+            for n in numbers {
+                let placed = recent.remember(n);
+                proptest::prop_assert!(placed.is_some(), "{} remembered twice", n);
+                let (below, above) = placed.unwrap_or_default();
+                counted += 1 - i64::from(below > 0) - i64::from(above > 0);
+            }
+            proptest::prop_assert_eq!(counted, runs as i64);
+        }
+
         /// Whatever blocks close, parity stays within the overhead cap of the data packets
         /// protected, and no group gets more than it wants.
         #[test]

@@ -53,6 +53,7 @@
 
 use crate::congestion::LostPacket;
 use std::time::{Duration, Instant};
+use wsx_fec::policy::RecentLosses;
 
 /// Rounds, and packets in them, before the learned rates are trusted: at 5 % loss, 1,000
 /// packets put the estimate within 0.7 % (one standard deviation), where the first few small
@@ -63,9 +64,6 @@ const BASELINE_PACKETS: u64 = 1000;
 const BASELINE_MIN_PACKETS: u64 = 20;
 /// Consecutive lost packets that make a long run (a cluster).
 const CLUSTER_LEN: u64 = 3;
-/// Recent lost packet numbers kept to find a loss's neighbours: losses of one run can be
-/// learned from different ACKs, and in any order.
-const RECENT_LOST: usize = 16;
 
 /// Why a loss was judged to be congestion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,9 +193,8 @@ pub(crate) struct LossPattern {
     inflated: bool,
     clustered: bool,
     judged_congestion: bool,
-    /// The last [`RECENT_LOST`] lost packet numbers, oldest overwritten first.
-    recent: [u64; RECENT_LOST],
-    recent_next: usize,
+    /// The last few lost packet numbers, to find the run each new loss joins.
+    recent: RecentLosses,
 }
 
 impl LossPattern {
@@ -212,8 +209,7 @@ impl LossPattern {
             inflated: false,
             clustered: false,
             judged_congestion: false,
-            recent: [u64::MAX; RECENT_LOST],
-            recent_next: 0,
+            recent: RecentLosses::default(),
         }
     }
 
@@ -287,18 +283,7 @@ impl LossPattern {
 
     /// Records a lost packet and returns how it changes the runs (`None`: already known).
     fn remember(&mut self, number: u64) -> Option<RunDelta> {
-        if self.recent.contains(&number) {
-            return None;
-        }
-        let extent = |step: fn(u64, u64) -> Option<u64>| {
-            (1..=RECENT_LOST as u64)
-                .take_while(|&k| step(number, k).is_some_and(|n| self.recent.contains(&n)))
-                .count() as u64
-        };
-        let before = extent(u64::checked_sub);
-        let after = extent(u64::checked_add);
-        self.recent[self.recent_next] = number;
-        self.recent_next = (self.recent_next + 1) % RECENT_LOST;
+        let (before, after) = self.recent.remember(number)?;
         let long = |len: u64| i64::from(len >= CLUSTER_LEN);
         Some(RunDelta {
             runs: 1 - i64::from(before > 0) - i64::from(after > 0),
