@@ -4,7 +4,7 @@
 //! messages, stream data chosen by the scheduler, PING. ACKs ride on data packets when
 //! possible. A path MTU probe leaves alone, as a send of its own.
 
-use super::recovery::SentFrame;
+use super::recovery::{FrameList, SentFrame};
 use super::{BASE_DATAGRAM, Connection, State};
 use crate::congestion::bytes_in;
 use crate::crypto::TAG_LEN;
@@ -396,7 +396,7 @@ impl Connection {
         protected: bool,
     ) -> Option<(usize, bool)> {
         let max = out.len();
-        let mut frames = self.recovery.frame_list();
+        let mut frames = FrameList::new();
         let mut acked = false;
         let mut eliciting = false;
         let payload_len = {
@@ -410,7 +410,6 @@ impl Connection {
             w.len()
         };
         if payload_len == 0 {
-            self.recovery.recycle(frames);
             return None;
         }
         if acked {
@@ -456,7 +455,7 @@ impl Connection {
         &mut self,
         now: Instant,
         w: &mut Writer<'_>,
-        frames: &mut Vec<SentFrame>,
+        frames: &mut FrameList,
         mark: &mut BurstMark,
     ) -> bool {
         let stream_frames = &mut self.stream_frames;

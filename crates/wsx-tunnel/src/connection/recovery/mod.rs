@@ -21,6 +21,7 @@ use crate::rtt::{GRANULARITY, INITIAL_RTT, RttEstimator};
 use crate::streams::StreamFrameSent;
 use crate::wire::Ack;
 use crate::wire::frame::{ACK, RECOVERED};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -39,8 +40,6 @@ const PERSISTENT_CONGESTION_PTOS: u32 = 3;
 /// heard from.
 const BLACK_HOLE_PACKETS: u32 = 8;
 const BLACK_HOLE_AFTER: Duration = Duration::from_secs(3);
-/// Frame lists kept for reuse, so that sending a packet allocates nothing.
-const SPARE_FRAME_LISTS: usize = 1024;
 /// The least the streams may queue for sending, whatever the window: enough for a fresh
 /// connection's first rounds, and for a path whose window a loss just cut.
 pub(super) const MIN_SEND_BUDGET: u64 = 256 * 1024;
@@ -51,6 +50,12 @@ pub(super) enum SentFrame {
     Stream(StreamFrameSent),
     Control(u64),
 }
+
+/// What one packet carried to track: held in the packet's record, so that sending a packet
+/// allocates nothing unless it carries more than two such frames (a packet of one stream
+/// carries one). A pool of reused lists had run dry whenever more packets were in flight
+/// than it kept: a `malloc` per packet, 1.1 % of the sending gateway at line rate.
+pub(super) type FrameList = SmallVec<[SentFrame; 2]>;
 
 /// Where the frames of acknowledged and lost packets go (the streams and the control
 /// channel, which recovery does not own).
@@ -71,7 +76,7 @@ struct SentPacket {
     /// A path MTU probe: padding only, and its loss is not congestion.
     mtu_probe: bool,
     snapshot: PacketSnapshot,
-    frames: Vec<SentFrame>,
+    frames: FrameList,
 }
 
 /// Large packets sent since the last one was acknowledged.
@@ -125,7 +130,6 @@ pub(super) struct Recovery {
     lost_scratch: Vec<LostPacket>,
     /// Acknowledged packets the peer rebuilt from parity: losses for the controller.
     recovered_scratch: Vec<LostPacket>,
-    spare_frame_lists: Vec<Vec<SentFrame>>,
 }
 
 impl Recovery {
@@ -152,7 +156,6 @@ impl Recovery {
             stats: RecoveryStats::default(),
             lost_scratch: Vec::new(),
             recovered_scratch: Vec::new(),
-            spare_frame_lists: Vec::new(),
         }
     }
 
@@ -258,18 +261,6 @@ impl Recovery {
         self.delivery.on_app_limited(self.in_flight);
     }
 
-    /// An empty frame list for the next packet.
-    pub(super) fn frame_list(&mut self) -> Vec<SentFrame> {
-        self.spare_frame_lists.pop().unwrap_or_default()
-    }
-
-    pub(super) fn recycle(&mut self, mut frames: Vec<SentFrame>) {
-        if frames.capacity() > 0 && self.spare_frame_lists.len() < SPARE_FRAME_LISTS {
-            frames.clear();
-            self.spare_frame_lists.push(frames);
-        }
-    }
-
     /// Takes the next packet number for a packet that carries nothing to track (a CLOSE).
     pub(super) fn take_pn(&mut self) -> u64 {
         self.sent.push_back(None);
@@ -283,7 +274,7 @@ impl Recovery {
         now: Instant,
         size: usize,
         eliciting: bool,
-        frames: Vec<SentFrame>,
+        frames: FrameList,
     ) {
         self.record_sent(now, size, eliciting, false, frames);
     }
@@ -292,8 +283,7 @@ impl Recovery {
     /// ACK, but counts neither in flight nor toward a probe timeout (see `mtu.rs`).
     pub(super) fn on_mtu_probe_sent(&mut self, now: Instant, size: usize) {
         self.mtu.on_probe_sent(size as u16);
-        let frames = self.frame_list();
-        self.record_sent(now, size, false, true, frames);
+        self.record_sent(now, size, false, true, FrameList::new());
     }
 
     fn record_sent(
@@ -302,7 +292,7 @@ impl Recovery {
         size: usize,
         eliciting: bool,
         mtu_probe: bool,
-        frames: Vec<SentFrame>,
+        frames: FrameList,
     ) {
         let snapshot = self.delivery.on_sent(now, self.in_flight);
         if eliciting {
@@ -502,7 +492,6 @@ impl Recovery {
                 for &frame in &packet.frames {
                     frames.on_acked(frame);
                 }
-                self.recycle(packet.frames);
             }
         }
         acked
@@ -672,7 +661,6 @@ impl Recovery {
         }
         if packet.mtu_probe {
             self.mtu.on_probe_lost(now, packet.size);
-            self.recycle(packet.frames);
             return;
         }
         self.stats.packets_lost += 1;
@@ -692,7 +680,6 @@ impl Recovery {
         for &frame in &packet.frames {
             frames.on_lost(frame);
         }
-        self.recycle(packet.frames);
     }
 
     /// Drops acknowledged and lost packets from the front of the sent list.

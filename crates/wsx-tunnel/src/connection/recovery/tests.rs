@@ -48,7 +48,7 @@ fn started(now: Instant) -> Recovery {
 
 /// Sends one 1,400-byte packet carrying control message `seq`.
 fn send(r: &mut Recovery, now: Instant, seq: u64) {
-    r.on_packet_sent(now, 1400, true, vec![SentFrame::Control(seq)]);
+    r.on_packet_sent(now, 1400, true, smallvec::smallvec![SentFrame::Control(seq)]);
 }
 
 fn ack(pns: &[u64], delay_us: u64) -> Ack {
@@ -152,12 +152,12 @@ fn full_size_packets_vanishing_while_small_ones_get_through_is_a_black_hole() {
     // Small packets get through; none of the large ones does.
     for i in 0..BLACK_HOLE_PACKETS {
         let now = t0 + MS * i;
-        r.on_packet_sent(now, 1400, true, Vec::new());
+        r.on_packet_sent(now, 1400, true, FrameList::new());
         r.on_packet_sent(
             now,
             100,
             true,
-            vec![SentFrame::Stream(StreamFrameSent::MaxData)],
+            smallvec::smallvec![SentFrame::Stream(StreamFrameSent::MaxData)],
         );
     }
     let small: Vec<u64> = (0..u64::from(BLACK_HOLE_PACKETS))
@@ -180,9 +180,9 @@ fn a_few_full_size_packets_lost_before_a_small_one_are_not_a_black_hole() {
     let mut r = started(t0);
     let mut out = Outcomes::default();
     for i in 0..BLACK_HOLE_PACKETS - 1 {
-        r.on_packet_sent(t0 + MS * i, 1400, true, Vec::new());
+        r.on_packet_sent(t0 + MS * i, 1400, true, FrameList::new());
     }
-    r.on_packet_sent(t0 + 10 * MS, 100, true, Vec::new());
+    r.on_packet_sent(t0 + 10 * MS, 100, true, FrameList::new());
     let small = u64::from(BLACK_HOLE_PACKETS - 1);
     r.on_ack_frame(t0 + 50 * MS, &ack(&[small], 0), &mut out)
         .unwrap();
@@ -196,7 +196,7 @@ fn full_size_packets_unanswered_while_the_peer_is_heard_is_a_black_hole() {
     let mut r = started(t0);
     let mut out = Outcomes::default();
     for i in 0..BLACK_HOLE_PACKETS {
-        r.on_packet_sent(t0 + MS * i, 1400, true, Vec::new());
+        r.on_packet_sent(t0 + MS * i, 1400, true, FrameList::new());
     }
     let early = t0 + BLACK_HOLE_AFTER - MS;
     r.on_timeout(early, early, &mut out);
@@ -215,7 +215,7 @@ fn full_size_packets_lost_in_an_outage_are_not_a_black_hole() {
     let mut r = started(t0);
     let mut out = Outcomes::default();
     for i in 0..BLACK_HOLE_PACKETS {
-        r.on_packet_sent(t0 + MS * i, 1400, true, Vec::new());
+        r.on_packet_sent(t0 + MS * i, 1400, true, FrameList::new());
     }
     // Nothing heard for five seconds; then the link is back and the peer with it.
     let back = t0 + 5 * BLACK_HOLE_AFTER / 3;
@@ -224,7 +224,7 @@ fn full_size_packets_lost_in_an_outage_are_not_a_black_hole() {
     assert_eq!(black_holes(&r), 0);
     // The window starts again: only full-size packets vanishing from now on count.
     for i in 0..BLACK_HOLE_PACKETS {
-        r.on_packet_sent(back + MS * i, 1400, true, Vec::new());
+        r.on_packet_sent(back + MS * i, 1400, true, FrameList::new());
     }
     let late = back + BLACK_HOLE_AFTER;
     r.on_timeout(late, late, &mut out);
@@ -248,7 +248,7 @@ fn a_lost_mtu_probe_is_neither_congestion_nor_a_loss_of_the_line() {
     r.on_mtu_probe_sent(t0, usize::from(size));
     assert_eq!(r.in_flight(), 0, "probes do not count in flight");
     for seq in 0..4 {
-        r.on_packet_sent(t0 + MS, 1200, true, vec![SentFrame::Control(seq)]);
+        r.on_packet_sent(t0 + MS, 1200, true, smallvec::smallvec![SentFrame::Control(seq)]);
     }
     r.on_ack_frame(t0 + 100 * MS, &ack(&[1, 2, 3, 4], 0), &mut out)
         .unwrap();
