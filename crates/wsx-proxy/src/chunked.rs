@@ -15,8 +15,9 @@
 //! Memory per session, while data moves: the encoded chunk waiting for the stream (up to
 //! 18.5 KiB: deflate is given its worst case), and a deflated payload being collected (up
 //! to 16 KiB). A stored chunk is never copied on the way in; a deflated one is inflated
-//! straight into the reader's buffer when it has room (the relay's always does), else
-//! through a third buffer of up to 16 KiB.
+//! straight into the reader's buffer when it has room (the relay's always does when the
+//! chunk is the first of a read: a read that already holds data stops before a chunk that
+//! does not fit), else through a third buffer of up to 16 KiB.
 
 use crate::relay::Side;
 use std::io;
@@ -247,11 +248,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
         // woken for data writes what came in one socket write, not one per 16 KiB chunk
         // (ten sessions at 100 Mbit/s: 1,100 writes a second of 11 KB on the receiving
         // gateway). Once something is in `buf`, a stream with nothing more (or an error)
-        // ends the read with what it has: every error here comes back on the next read.
+        // ends the read with what it has: every error here comes back on the next read (the
+        // state is left where it failed, and the inner stream's errors, like the tunnel
+        // stream's, stay).
         let start = buf.filled().len();
         loop {
             let before = buf.filled().len();
-            match this.poll_chunk(cx, buf) {
+            let holding = before > start;
+            match this.poll_chunk(cx, buf, holding) {
                 Poll::Ready(Ok(())) if buf.filled().len() > before && buf.remaining() > 0 => {}
                 Poll::Ready(Err(_)) | Poll::Pending if buf.filled().len() > start => {
                     return Poll::Ready(Ok(()));
@@ -264,8 +268,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for Chunked<S> {
 
 impl<S: AsyncRead + Unpin> Chunked<S> {
     /// Reads from the next chunk (or the rest of the current one) into `buf`; nothing read
-    /// is the end of the stream.
-    fn poll_chunk(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    /// is the end of the stream, or, when `buf` already holds data (`holding`), a deflated
+    /// chunk that does not fit in what is left of it: it is inflated by the next read,
+    /// straight into its buffer rather than through `plain`.
+    fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        holding: bool,
+    ) -> Poll<io::Result<()>> {
         loop {
             if self.plain_at < self.plain.len() {
                 let n = buf.remaining().min(self.plain.len() - self.plain_at);
@@ -284,7 +295,9 @@ impl<S: AsyncRead + Unpin> Chunked<S> {
                     Step::Again
                 }
                 ReadState::Stored { left } => ready!(self.poll_stored(cx, buf, left))?,
-                ReadState::Deflated { header } => ready!(self.poll_deflated(cx, buf, header))?,
+                ReadState::Deflated { header } => {
+                    ready!(self.poll_deflated(cx, buf, header, holding))?
+                }
             };
             if let Step::Done = step {
                 return Poll::Ready(Ok(()));
@@ -349,12 +362,14 @@ impl<S: AsyncRead + Unpin> Chunked<S> {
     }
 
     /// Collects a deflated payload, then inflates it into `buf`, or into `plain` when `buf`
-    /// has less room than the chunk holds.
+    /// has less room than the chunk holds; unless `buf` already holds data (`holding`):
+    /// then the chunk waits, collected, for the next read.
     fn poll_deflated(
         &mut self,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
         header: Header,
+        holding: bool,
     ) -> Poll<io::Result<Step>> {
         let have = self.payload.len();
         if have < header.wire {
@@ -368,6 +383,9 @@ impl<S: AsyncRead + Unpin> Chunked<S> {
                 return Poll::Ready(Err(truncated()));
             }
             return Poll::Ready(Ok(Step::Again));
+        }
+        if holding && buf.remaining() < header.plain {
+            return Poll::Ready(Ok(Step::Done));
         }
         let start = Instant::now();
         if buf.remaining() >= header.plain {
@@ -540,6 +558,54 @@ mod tests {
         );
         let err = reader.read(&mut buf).await.err().map(|e| e.kind());
         assert_eq!(err, Some(io::ErrorKind::InvalidData));
+    }
+
+    /// A read holding data stops before a deflated chunk that does not fit in what is left,
+    /// so that the next read inflates it straight into its buffer.
+    #[tokio::test]
+    async fn a_read_stops_before_a_deflated_chunk_it_has_no_room_for() {
+        let mut data = random(MAX_CHUNK);
+        data.extend(text(MAX_CHUNK));
+        let mut wire = Vec::new();
+        let mut compressor = Compressor::new(2);
+        for piece in data.chunks(MAX_CHUNK) {
+            compressor.encode(piece, &mut wire);
+        }
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        a.write_all(&wire).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut reader = Chunked::new(b, codec(0));
+        let mut buf = vec![0; MAX_CHUNK + MAX_CHUNK / 4];
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            let n = reader
+                .read(&mut buf)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(n, MAX_CHUNK);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == data);
+        assert!(reader.plain.capacity() == 0, "the spill buffer was used");
+    }
+
+    /// A deflated chunk that fails to inflate through the spill buffer leaves nothing in it
+    /// to hand out: the next read fails again.
+    #[tokio::test]
+    async fn a_chunk_that_does_not_inflate_yields_nothing_later() {
+        let mut wire = Vec::new();
+        Compressor::new(2).encode(&text(5000), &mut wire);
+        let middle = wire.len() / 2;
+        wire[middle] ^= 0xff;
+        wire[middle + 1] ^= 0x5a;
+        let (mut a, b) = tokio::io::duplex(1 << 16);
+        a.write_all(&wire).await.unwrap_or_else(|e| panic!("{e}"));
+        drop(a);
+        let mut reader = Chunked::new(b, codec(0));
+        let mut buf = [0u8; 100];
+        for _ in 0..2 {
+            let got = reader.read(&mut buf).await.map_err(|e| e.kind());
+            assert_eq!(got, Err(io::ErrorKind::InvalidData));
+        }
     }
 
     #[tokio::test]
