@@ -48,7 +48,12 @@ fn started(now: Instant) -> Recovery {
 
 /// Sends one 1,400-byte packet carrying control message `seq`.
 fn send(r: &mut Recovery, now: Instant, seq: u64) {
-    r.on_packet_sent(now, 1400, true, smallvec::smallvec![SentFrame::Control(seq)]);
+    r.on_packet_sent(
+        now,
+        1400,
+        true,
+        smallvec::smallvec![SentFrame::Control(seq)],
+    );
 }
 
 fn ack(pns: &[u64], delay_us: u64) -> Ack {
@@ -248,7 +253,12 @@ fn a_lost_mtu_probe_is_neither_congestion_nor_a_loss_of_the_line() {
     r.on_mtu_probe_sent(t0, usize::from(size));
     assert_eq!(r.in_flight(), 0, "probes do not count in flight");
     for seq in 0..4 {
-        r.on_packet_sent(t0 + MS, 1200, true, smallvec::smallvec![SentFrame::Control(seq)]);
+        r.on_packet_sent(
+            t0 + MS,
+            1200,
+            true,
+            smallvec::smallvec![SentFrame::Control(seq)],
+        );
     }
     r.on_ack_frame(t0 + 100 * MS, &ack(&[1, 2, 3, 4], 0), &mut out)
         .unwrap();
