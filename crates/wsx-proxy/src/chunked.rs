@@ -523,12 +523,9 @@ mod tests {
         assert_eq!(stats.chunks_deflated + stats.chunks_incompressible, 0);
     }
 
-    /// What has arrived comes out in one read, chunk after chunk, as far as the reader's
-    /// buffer goes; data ahead of a broken chunk is handed out before its error.
-    #[tokio::test]
-    async fn one_read_takes_every_chunk_that_has_arrived() {
-        let mut data = random(40_000);
-        data.extend(text(40_000));
+    /// `data` cut into chunks and already arrived: the pipe's open sending end, and a chunked
+    /// reader of the other.
+    async fn arrived(data: &[u8]) -> (DuplexStream, Chunked<DuplexStream>) {
         let mut wire = Vec::new();
         let mut compressor = Compressor::new(2);
         for piece in data.chunks(MAX_CHUNK) {
@@ -536,7 +533,16 @@ mod tests {
         }
         let (mut a, b) = tokio::io::duplex(1 << 20);
         a.write_all(&wire).await.unwrap_or_else(|e| panic!("{e}"));
-        let mut reader = Chunked::new(b, codec(0));
+        (a, Chunked::new(b, codec(0)))
+    }
+
+    /// What has arrived comes out in one read, chunk after chunk, as far as the reader's
+    /// buffer goes; data ahead of a broken chunk is handed out before its error.
+    #[tokio::test]
+    async fn one_read_takes_every_chunk_that_has_arrived() {
+        let mut data = random(40_000);
+        data.extend(text(40_000));
+        let (mut a, mut reader) = arrived(&data).await;
         let mut buf = vec![0; 1 << 17];
         let n = reader
             .read(&mut buf)
@@ -566,14 +572,7 @@ mod tests {
     async fn a_read_stops_before_a_deflated_chunk_it_has_no_room_for() {
         let mut data = random(MAX_CHUNK);
         data.extend(text(MAX_CHUNK));
-        let mut wire = Vec::new();
-        let mut compressor = Compressor::new(2);
-        for piece in data.chunks(MAX_CHUNK) {
-            compressor.encode(piece, &mut wire);
-        }
-        let (mut a, b) = tokio::io::duplex(1 << 20);
-        a.write_all(&wire).await.unwrap_or_else(|e| panic!("{e}"));
-        let mut reader = Chunked::new(b, codec(0));
+        let (_a, mut reader) = arrived(&data).await;
         let mut buf = vec![0; MAX_CHUNK + MAX_CHUNK / 4];
         let mut got = Vec::new();
         for _ in 0..2 {
