@@ -579,19 +579,18 @@ mod tests {
         assert_eq!(recent.remember(13), Some((0, 0)));
     }
 
+    use proptest::strategy::Strategy;
+
     proptest::proptest! {
         /// Learned in any order, the losses' own account of the runs they join (a new run,
         /// a longer one, two joined) sums to the runs among them.
         #[test]
         fn recent_losses_count_runs_in_any_order(
-            lost in proptest::collection::btree_set(0u64..40, 0..=RECENT_LOSSES),
-            order in proptest::collection::vec(proptest::num::usize::ANY, RECENT_LOSSES),
+            numbers in proptest::collection::btree_set(0u64..40, 0..=RECENT_LOSSES)
+                .prop_map(Vec::from_iter)
+                .prop_shuffle(),
         ) {
-            let mut numbers: Vec<u64> = lost.iter().copied().collect();
-            for (i, &j) in order.iter().enumerate().take(numbers.len()) {
-                let k = j % numbers.len();
-                numbers.swap(i, k);
-            }
+            let lost: std::collections::BTreeSet<u64> = numbers.iter().copied().collect();
             let runs = lost.iter().filter(|&&n| n == 0 || !lost.contains(&(n - 1))).count();
             let mut recent = RecentLosses::default();
             let mut counted = 0i64;
