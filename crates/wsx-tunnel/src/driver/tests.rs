@@ -202,7 +202,7 @@ fn on_a_short_path_only_the_pushed_tail_is_woken_sooner() {
     assert_eq!(state.wake_readers_at, Some(start + delay));
 }
 
-/// A connection lets its arrivals wait an eighth of its RTT, at most 1 ms, and not at all
+/// A connection lets its arrivals wait an eighth of its RTT, at most 2 ms, and not at all
 /// before it has an RTT sample or where the hold would be too short to batch anything.
 #[test]
 fn a_connection_allows_a_hold_of_an_eighth_of_its_rtt() {
@@ -212,7 +212,8 @@ fn a_connection_allows_a_hold_of_an_eighth_of_its_rtt() {
         receive_hold(&rtt)
     };
     assert_eq!(hold(100), MAX_RECEIVE_HOLD);
-    assert_eq!(hold(8), MAX_RECEIVE_HOLD);
+    assert_eq!(hold(16), MAX_RECEIVE_HOLD);
+    assert_eq!(hold(8), Duration::from_millis(1));
     assert_eq!(hold(4), Duration::from_micros(500));
     assert_eq!(hold(1), Duration::from_micros(125));
     assert_eq!(hold(0), Duration::ZERO);
@@ -405,7 +406,8 @@ fn moderate(arrivals: &[u64], hold: Duration, racing: bool) -> (Vec<Duration>, u
 /// hold ends with fewer than two waiting.
 #[test]
 fn streamed_arrivals_are_taken_a_batch_at_a_time() {
-    let cap = Duration::from_millis(1);
+    let cap = MAX_RECEIVE_HOLD;
+    let batch = RECEIVE_BATCH as usize;
     let (waits, receives) = moderate(&[0], cap, false);
     assert_eq!((waits, receives), (vec![Duration::ZERO], 1));
     // 100 Mbit/s of 1,472-byte datagrams: one every ~118 µs, for 10 ms.
@@ -413,24 +415,27 @@ fn streamed_arrivals_are_taken_a_batch_at_a_time() {
     let (waits, receives) = moderate(&stream, cap, false);
     assert_eq!(&waits[..2], &[Duration::ZERO, Duration::ZERO]);
     assert!(waits.iter().all(|&w| w <= cap), "{waits:?}");
-    // Two wake-ups to see the stream, then one per eight arrivals (and one that finds the
-    // stream over).
+    // Two wake-ups to see the stream, then one per batch of arrivals (and one that finds
+    // the stream over).
     assert!(
-        receives <= 2 + 85 / 7 + 1,
+        receives <= 2 + 85 / (batch - 1) + 1,
         "{receives} receives for 85 datagrams"
     );
     // A 64 KiB answer at 500 Mbit/s: 45 datagrams 23 µs apart. Its tail waits about as long
-    // as eight arrivals take, not the longest hold.
+    // as a batch's arrivals take, not the longest hold.
     let burst: Vec<u64> = (0..45).map(|i| i * 23).collect();
     let (waits, receives) = moderate(&burst, cap, false);
     let longest = waits.iter().max().copied().unwrap_or_default();
-    assert!(longest <= Duration::from_micros(8 * 23 + 23), "{waits:?}");
     assert!(
-        receives <= 2 + 45 / 7 + 1,
+        longest <= Duration::from_micros(23 * (u64::from(RECEIVE_BATCH) + 1)),
+        "{waits:?}"
+    );
+    assert!(
+        receives <= 2 + 45 / (batch - 1) + 1,
         "{receives} receives for 45 datagrams"
     );
     // Arrivals a hold or more apart are each taken at once.
-    let sparse: Vec<u64> = (0..20).map(|i| i * 2_000).collect();
+    let sparse: Vec<u64> = (0..20).map(|i| i * 2_500).collect();
     let (waits, receives) = moderate(&sparse, cap, false);
     assert!(waits.iter().all(Duration::is_zero), "{waits:?}");
     assert_eq!(receives, 20);
@@ -452,27 +457,30 @@ fn a_hold_ends_when_it_should() {
         cap,
         ..Moderation::default()
     };
+    // Arrivals 50 µs apart: a batch of them takes 800 µs, within the cap.
+    let end = 50 + 50 * u64::from(RECEIVE_BATCH);
+    assert!(Duration::from_micros(end - 50) < cap);
     moderation.received(us(0), 1);
-    moderation.received(us(100), 1);
+    moderation.received(us(50), 1);
     assert_eq!(
         moderation.until,
-        Some(us(900)),
-        "eight arrivals at 100 µs, from 100"
+        Some(us(end)),
+        "a batch's arrivals at 50 µs, from 50"
     );
     moderation.received(us(300), 0);
     assert_eq!(
         moderation.until,
-        Some(us(900)),
+        Some(us(end)),
         "an empty wake-up keeps the hold"
     );
     moderation.received(us(400), 1);
-    assert_eq!(moderation.until, Some(us(900)), "so does one datagram");
+    assert_eq!(moderation.until, Some(us(end)), "so does one datagram");
     assert_eq!(
         moderation.last,
         Some(us(400)),
         "the pace is counted from it"
     );
-    moderation.received(us(900), 1);
+    moderation.received(us(end), 1);
     assert_eq!(
         moderation.until, None,
         "one straggler at the end: watching again"
@@ -494,15 +502,17 @@ fn a_hold_ends_when_it_should() {
         moderation.until, None,
         "cut to the past: over, watching again"
     );
-    // Arrivals 5 µs apart would make a 40 µs hold: not worth a timer.
+    // Arrivals 3 µs apart would make a 48 µs hold: not worth a timer.
+    assert!(Duration::from_micros(3) * RECEIVE_BATCH < MIN_RECEIVE_HOLD);
     moderation.set_cap(cap, us(10_000));
     moderation.received(us(10_000), 1);
-    moderation.received(us(10_005), 1);
+    moderation.received(us(10_003), 1);
     assert_eq!(moderation.until, None);
     // Receives that keep failing are tried again after the longest hold.
     moderation.back_off(us(20_000));
-    assert!(!moderation.is_over(us(20_999)));
-    assert!(moderation.is_over(us(21_000)));
+    let again = us(20_000) + MAX_RECEIVE_HOLD;
+    assert!(!moderation.is_over(again - Duration::from_micros(1)));
+    assert!(moderation.is_over(again));
 }
 
 proptest::proptest! {
