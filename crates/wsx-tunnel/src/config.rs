@@ -42,7 +42,11 @@ pub struct TransportConfig {
     pub congestion: CongestionControl,
     /// The operator's cap on the sending rate (the contracted WAN bandwidth), bytes per second.
     pub max_rate: Option<u64>,
-    /// Most packets handed to the driver in one call (one GSO send).
+    /// Most packets handed to the driver in one call (one GSO send, which also carries at
+    /// most 65,507 bytes: 44 packets of 1,472). At 3.5 Gbit/s through both gateways, 64
+    /// (44 at that size) against 32 cost the sending gateway 2-7 % and the receiving one
+    /// 12 % less CPU per GB (fuller GRO batches too); below ~180 Mbit/s a pacing burst
+    /// (2 ms) is shorter anyway.
     pub max_burst_packets: usize,
     /// Handshake attempts before giving up; attempt `n` waits `2^n` seconds for an answer.
     pub handshake_attempts: u32,
@@ -94,7 +98,7 @@ impl Default for TransportConfig {
             max_ack_delay: Duration::from_millis(25),
             congestion: CongestionControl::default(),
             max_rate: None,
-            max_burst_packets: 32,
+            max_burst_packets: 64,
             handshake_attempts: 5,
             fec: FecMode::default(),
             fec_max_overhead: 0.25,
