@@ -94,6 +94,9 @@ pub struct Server {
     pub used: BTreeSet<u64>,
     pub violations: Vec<String>,
     pub next_async: u64,
+    /// The state of the lease each CREATE grants (with a lease context, as Windows
+    /// servers and Samba answer a client that asks for one); `None`: no oplock, no lease.
+    pub lease: Option<u32>,
 }
 
 impl Server {
@@ -170,6 +173,19 @@ impl Server {
                     b[56..60].copy_from_slice(&0x80u32.to_le_bytes());
                     b[64..72].copy_from_slice(&FILE.persistent.to_le_bytes());
                     b[72..80].copy_from_slice(&volatile.to_le_bytes());
+                    if let Some(state) = self.lease {
+                        b[2] = crate::wire::messages::oplock::LEASE;
+                        // One context right after the fixed part: "RqLs", a version 1
+                        // lease (key, state, flags, duration).
+                        b[80..84].copy_from_slice(&(HEADER_LEN as u32 + 88).to_le_bytes());
+                        b[84..88].copy_from_slice(&56u32.to_le_bytes());
+                        b.extend_from_slice(&[0; 4]);
+                        b.extend_from_slice(&[16, 0, 4, 0, 0, 0, 24, 0, 32, 0, 0, 0]);
+                        b.extend_from_slice(b"RqLs\0\0\0\0");
+                        b.extend_from_slice(&[0x5A; 16]);
+                        b.extend_from_slice(&state.to_le_bytes());
+                        b.extend_from_slice(&[0; 12]);
+                    }
                     b
                 }
                 Command::READ | Command::QUERY_INFO | Command::CLOSE
@@ -696,6 +712,7 @@ pub fn parties(len: usize, read_len: u32) -> (Client, Server) {
         used: BTreeSet::new(),
         violations: Vec::new(),
         next_async: 0,
+        lease: None,
     };
     let client = Client {
         read_len,

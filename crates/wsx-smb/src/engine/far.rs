@@ -30,15 +30,16 @@
 //! - **Credits.** `window_end` is one past the last id the server has granted (1 + every
 //!   CreditResponse). A prediction or a fresh id must fit below it; a client frame that
 //!   needs a fresh id that does not fit waits for the server's next grant.
-//! - **What is read ahead.** A file opened with a share mode that excludes writers or with
-//!   a Level II, exclusive or batch oplock (its end of file from the CREATE answer), or,
+//! - **What is read ahead.** A file opened with a share mode that excludes writers, with
+//!   a Level II, exclusive or batch oplock, or with a lease that caches reads (its end of
+//!   file from the CREATE answer), or,
 //!   with a validity window ([`Far::set_validity`]), one others may write: near then gives
 //!   its answers only within the window (each ANNOUNCE says how long), and far keeps no
 //!   more than a kibibyte per millisecond of the window ahead of the client, so that what
 //!   it reads ahead does not queue on its way for longer than the window on paths of 8
 //!   Mbit/s or more. One file at a time, while the READs predicted and not consumed stay
-//!   within `window` bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an oplock break from
-//!   the server, or a READ that is not the predicted one stops it. The same files are
+//!   within `window` bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an oplock or lease break
+//!   from the server, or a READ that is not the predicted one stops it. The same files are
 //!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
 //!   forgotten at its CLOSE; a script holds at most [`MAX_SCRIPT_QUERIES`] queries; requests waiting for credits are bounded by the client's own
@@ -52,8 +53,10 @@ use super::{Clock, EngineStats, Key, Record, charge_of, single_request};
 use crate::observe::{Direction, Observer, Verdict};
 use crate::wire::framing::{FRAME_HEADER_LEN, MAX_FRAME_LEN, frame_header};
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
-use crate::wire::messages::{FileId, NegotiateResponse, QueryInfoRequest, ReadRequest, file_id_of};
-use crate::wire::{le32, le64};
+use crate::wire::le32;
+use crate::wire::messages::{
+    CreateResponse, FileId, NegotiateResponse, QueryInfoRequest, ReadRequest, file_id_of,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
@@ -61,8 +64,6 @@ use std::time::Instant;
 const FILE_SHARE_WRITE: u32 = 0x2;
 /// `FileAttributes` bit: a directory, which has no data to READ.
 const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x10;
-/// Oplock levels that let a client cache reads: Level II, exclusive, batch.
-const READ_CACHING_OPLOCKS: [u8; 3] = [0x01, 0x08, 0x09];
 /// Predictions outstanding at most per session, whatever the window.
 pub const MAX_PREDICTIONS: usize = 1024;
 /// Open files far keeps track of at most per session (past it, a file opened is not read
@@ -767,24 +768,18 @@ impl Far {
         if self.files.len() >= MAX_FILES {
             return;
         }
-        // OplockLevel (at 2), EndofFile (8 at 48), FileAttributes (4 at 56), FileId (16 at 64).
-        let (Some(&oplock), Some(eof), Some(attributes), Some(id)) = (
-            body.get(2),
-            body.get(48..56),
-            body.get(56..60),
-            body.get(64..80),
-        ) else {
+        let Ok(created) = CreateResponse::parse(body) else {
             return;
         };
-        let file_id = FileId::parse(id);
-        let protected = share & FILE_SHARE_WRITE == 0 || READ_CACHING_OPLOCKS.contains(&oplock);
+        let file_id = created.file_id;
+        let protected = share & FILE_SHARE_WRITE == 0 || created.caches_reads();
         let eligible = protected || self.validity_ms > 0;
         self.files.insert(
             file_id,
             File {
                 session_id: header.session_id,
                 tree_id,
-                end_of_file: le64(eof, 0),
+                end_of_file: created.end_of_file,
                 eligible,
                 valid_ms: if protected { 0 } else { self.validity_ms },
                 stopped: false,
@@ -801,7 +796,7 @@ impl Far {
                 next_id: client_id.saturating_add(charge_of(header.credit_charge)),
                 session_id: header.session_id,
                 tree_id,
-                directory: le32(attributes, 0) & FILE_ATTRIBUTE_DIRECTORY != 0,
+                directory: created.file_attributes & FILE_ATTRIBUTE_DIRECTORY != 0,
             });
         }
     }

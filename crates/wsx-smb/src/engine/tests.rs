@@ -8,7 +8,9 @@ use super::{Far, Near, Record, Splice};
 use crate::sim::*;
 use crate::wire::framing::Frames;
 use crate::wire::header::{Command, HEADER_LEN, Header, Messages, TreeOrAsync, flags, status};
-use crate::wire::messages::{CloseRequest, FileId, QueryInfoRequest, ReadRequest, ReadResponse};
+use crate::wire::messages::{
+    CloseRequest, FileId, QueryInfoRequest, ReadRequest, ReadResponse, lease,
+};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 /// Bytes on their way, as the gateways' relays would carry them.
@@ -896,6 +898,32 @@ fn files_others_may_write_are_read_ahead_only_within_the_validity_window() {
     assert!(slow.far.remapped >= 14, "{:?}", slow.far);
     // The CLOSE alone.
     assert_eq!(slow.near.answered_locally, 1, "{:?}", slow.near);
+}
+
+/// A file others may write, opened with a lease that caches reads (as Windows clients open
+/// files), is read ahead as one under an oplock: without a validity window, its answers
+/// given at near whenever the client asks. A lease without read caching protects nothing.
+#[test]
+fn a_lease_that_caches_reads_protects_the_file() {
+    let leased = |state| {
+        run_valid(1 << 20, 64 << 10, 100, 8 << 20, 0, |c, s| {
+            c.share_access = 3;
+            s.lease = Some(state);
+        })
+    };
+    let read = leased(lease::READ_CACHING | lease::HANDLE_CACHING);
+    check(&read);
+    // 15 READs and the CLOSE, none of them held to a window.
+    assert_eq!(read.near.answered_locally, 16, "{:?}", read.near);
+    assert_eq!(
+        (read.far.missed, read.near.expired),
+        (0, 0),
+        "{:?}",
+        read.far
+    );
+    let handle = leased(lease::HANDLE_CACHING);
+    check(&handle);
+    assert_eq!(handle.far.prefetched, 0, "{:?}", handle.far);
 }
 
 /// A window smaller than the path holds: far predicts the next READ just as the client,

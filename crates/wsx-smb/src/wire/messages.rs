@@ -1,6 +1,7 @@
 //! The bodies of the messages the observer reads: what a NEGOTIATE response agrees, what a
-//! SESSION_SETUP response grants, what a TREE_CONNECT response says of the share, and READ
-//! requests and responses. Each parses from the bytes after the header and checks its
+//! SESSION_SETUP response grants, what a TREE_CONNECT response says of the share, what a
+//! CREATE response opened (and the oplock or lease it granted), and READ requests and
+//! responses. Each parses from the bytes after the header and checks its
 //! `StructureSize`; the READ ones also emit, for the read-ahead engine that issues them.
 
 use super::{le16, le32, le64};
@@ -295,6 +296,97 @@ impl ReadResponse {
     }
 }
 
+/// `OplockLevel` values (MS-SMB2 2.2.13, 2.2.14).
+pub mod oplock {
+    pub const LEVEL_II: u8 = 0x01;
+    pub const EXCLUSIVE: u8 = 0x08;
+    pub const BATCH: u8 = 0x09;
+    /// The open has a lease instead; its state is in the response's lease context.
+    pub const LEASE: u8 = 0xFF;
+}
+
+/// `LeaseState` bits (MS-SMB2 2.2.13.2.8).
+pub mod lease {
+    pub const READ_CACHING: u32 = 0x01;
+    pub const HANDLE_CACHING: u32 = 0x02;
+    pub const WRITE_CACHING: u32 = 0x04;
+}
+
+/// A CREATE response's fields the read-ahead engine reads (MS-SMB2 2.2.14), with the state
+/// of the lease granted, if any (its create context, "RqLs", 2.2.14.2.10 and 2.2.14.2.11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateResponse {
+    pub oplock_level: u8,
+    pub end_of_file: u64,
+    pub file_attributes: u32,
+    pub file_id: FileId,
+    /// `Some` when the oplock level is [`oplock::LEASE`] and the lease context is there.
+    pub lease_state: Option<u32>,
+}
+
+impl CreateResponse {
+    const SIZE: u16 = 89;
+    /// Bytes of the fixed part.
+    const LEN: usize = 88;
+
+    pub fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        let b = checked(body, "CREATE response", Self::SIZE, Self::LEN)?;
+        let oplock_level = b[2];
+        Ok(Self {
+            oplock_level,
+            end_of_file: le64(b, 48),
+            file_attributes: le32(b, 56),
+            file_id: FileId::parse(&b[64..80]),
+            lease_state: (oplock_level == oplock::LEASE)
+                .then(|| Self::lease_state(body))
+                .flatten(),
+        })
+    }
+
+    /// Whether the open lets its client cache what it reads, so that nobody else can
+    /// change the file unseen: a Level II, exclusive or batch oplock, or a lease with read
+    /// caching (a break of either comes first).
+    pub fn caches_reads(&self) -> bool {
+        matches!(
+            self.oplock_level,
+            oplock::LEVEL_II | oplock::EXCLUSIVE | oplock::BATCH
+        ) || self
+            .lease_state
+            .is_some_and(|state| state & lease::READ_CACHING != 0)
+    }
+
+    /// The `LeaseState` of the lease context among the response's create contexts
+    /// (`CreateContextsOffset` counts from the header's start); `None` if there is none or
+    /// the chain is malformed.
+    fn lease_state(body: &[u8]) -> Option<u32> {
+        let offset = (le32(body, 80) as usize).checked_sub(super::header::HEADER_LEN)?;
+        let length = le32(body, 84) as usize;
+        let mut contexts = body.get(offset..offset.checked_add(length)?)?;
+        loop {
+            // Next (4), NameOffset (2), NameLength (2), Reserved (2), DataOffset (2),
+            // DataLength (4); offsets from the context's start.
+            let head = contexts.get(..16)?;
+            let next = le32(head, 0) as usize;
+            let this = if next == 0 {
+                contexts
+            } else {
+                contexts.get(..next)?
+            };
+            let (name_at, name_len) = (usize::from(le16(head, 4)), usize::from(le16(head, 6)));
+            if this.get(name_at..name_at + name_len) == Some(b"RqLs".as_slice()) {
+                let (data_at, data_len) = (usize::from(le16(head, 10)), le32(head, 12) as usize);
+                let data = this.get(data_at..data_at.checked_add(data_len)?)?;
+                // LeaseKey (16), then LeaseState, in both versions of the context.
+                return data.get(16..20).map(|state| le32(state, 0));
+            }
+            if next == 0 {
+                return None;
+            }
+            contexts = contexts.get(next..)?;
+        }
+    }
+}
+
 /// A QUERY_INFO request (MS-SMB2 2.2.37): what the client asks to know of `file_id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct QueryInfoRequest {
@@ -548,5 +640,143 @@ mod tests {
         let answer = ReadResponse::parse(&response[64..]).unwrap();
         assert_eq!((answer.data_offset, answer.data_length), (0x50, 3000));
         assert_eq!(response.len(), 0x50 + 3000);
+    }
+
+    /// A create context as a server sends it: `name`, padded to 8, then `data`.
+    fn context(name: &[u8; 4], data: &[u8], last: bool) -> Vec<u8> {
+        let len = 24 + data.len();
+        let next = if last {
+            0
+        } else {
+            len.next_multiple_of(8) as u32
+        };
+        let mut c = Vec::new();
+        c.extend_from_slice(&next.to_le_bytes());
+        c.extend_from_slice(&16u16.to_le_bytes());
+        c.extend_from_slice(&4u16.to_le_bytes());
+        c.extend_from_slice(&[0, 0]);
+        c.extend_from_slice(&24u16.to_le_bytes());
+        c.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        c.extend_from_slice(name);
+        c.extend_from_slice(&[0; 4]);
+        c.extend_from_slice(data);
+        if !last {
+            c.resize(next as usize, 0);
+        }
+        c
+    }
+
+    /// A CREATE response body granting `oplock`, with `contexts` after the fixed part.
+    fn create_response(oplock: u8, contexts: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; 88];
+        b[..2].copy_from_slice(&89u16.to_le_bytes());
+        b[2] = oplock;
+        b[48..56].copy_from_slice(&1_000_000u64.to_le_bytes());
+        b[56..60].copy_from_slice(&0x80u32.to_le_bytes());
+        b[64..80].copy_from_slice(&[7; 16]);
+        if !contexts.is_empty() {
+            b[80..84].copy_from_slice(&(64 + 88u32).to_le_bytes());
+            b[84..88].copy_from_slice(&(contexts.len() as u32).to_le_bytes());
+        }
+        b.extend_from_slice(contexts);
+        b
+    }
+
+    /// The lease data of a response (version 2: 52 bytes) in `state`.
+    fn lease_v2(state: u32) -> Vec<u8> {
+        let mut data = vec![0xAB; 16];
+        data.extend_from_slice(&state.to_le_bytes());
+        data.resize(52, 0);
+        data
+    }
+
+    #[test]
+    fn a_create_response_tells_whether_its_client_caches_reads() {
+        // A lease with read and handle caching, after another context.
+        let mut contexts = context(b"MxAc", &[0; 8], false);
+        contexts.extend(context(
+            b"RqLs",
+            &lease_v2(lease::READ_CACHING | lease::HANDLE_CACHING),
+            true,
+        ));
+        let created = CreateResponse::parse(&create_response(oplock::LEASE, &contexts)).unwrap();
+        assert_eq!(created.lease_state, Some(3));
+        assert_eq!(created.end_of_file, 1_000_000);
+        assert_eq!(created.file_attributes, 0x80);
+        assert_eq!(
+            created.file_id,
+            FileId {
+                persistent: 0x0707_0707_0707_0707,
+                volatile: 0x0707_0707_0707_0707
+            }
+        );
+        assert!(created.caches_reads());
+        // A version 1 lease (32 bytes) with handle caching only: the client may not cache.
+        let v1 = &lease_v2(lease::HANDLE_CACHING)[..32];
+        let created =
+            CreateResponse::parse(&create_response(oplock::LEASE, &context(b"RqLs", v1, true)))
+                .unwrap();
+        assert_eq!(created.lease_state, Some(lease::HANDLE_CACHING));
+        assert!(!created.caches_reads());
+        // A lease level without a lease context, and no oplock: nothing cached.
+        assert!(
+            !CreateResponse::parse(&create_response(oplock::LEASE, &[]))
+                .unwrap()
+                .caches_reads()
+        );
+        assert!(
+            !CreateResponse::parse(&create_response(0, &[]))
+                .unwrap()
+                .caches_reads()
+        );
+        // Oplocks: Level II, exclusive and batch cache reads; a lease context beside an
+        // oplock level is not read.
+        for level in [oplock::LEVEL_II, oplock::EXCLUSIVE, oplock::BATCH] {
+            assert!(
+                CreateResponse::parse(&create_response(level, &[]))
+                    .unwrap()
+                    .caches_reads()
+            );
+        }
+        let beside = context(b"RqLs", &lease_v2(lease::READ_CACHING), true);
+        assert_eq!(
+            CreateResponse::parse(&create_response(0, &beside))
+                .unwrap()
+                .lease_state,
+            None
+        );
+        // A chain whose next context lies past its end, or a lease context cut short.
+        let mut broken = context(b"MxAc", &[0; 8], false);
+        broken[..4].copy_from_slice(&4096u32.to_le_bytes());
+        broken.extend(context(b"RqLs", &lease_v2(1), true));
+        assert_eq!(
+            CreateResponse::parse(&create_response(oplock::LEASE, &broken))
+                .unwrap()
+                .lease_state,
+            None
+        );
+        let short = context(b"RqLs", &lease_v2(1)[..18], true);
+        assert_eq!(
+            CreateResponse::parse(&create_response(oplock::LEASE, &short))
+                .unwrap()
+                .lease_state,
+            None
+        );
+    }
+
+    proptest! {
+        /// Whatever follows a CREATE response's fixed part, and wherever its offsets point,
+        /// parsing ends without a panic.
+        #[test]
+        fn any_create_contexts_parse_without_panic(
+            tail in proptest::collection::vec(any::<u8>(), 0..300),
+            offset in 0u32..500,
+            length in 0u32..500,
+        ) {
+            let mut body = create_response(oplock::LEASE, &tail);
+            body[80..84].copy_from_slice(&offset.to_le_bytes());
+            body[84..88].copy_from_slice(&length.to_le_bytes());
+            let _ = CreateResponse::parse(&body);
+        }
     }
 }
