@@ -465,6 +465,23 @@ impl Loaded {
     }
 
     /// An error found after parsing, at a byte offset of the text if it is about one place.
+    /// The value of `setting` if `ok` holds of it; otherwise an error at its place in the
+    /// file naming `field` and what it may be (`allowed`).
+    fn within<T: Copy>(
+        &self,
+        setting: &Spanned<T>,
+        ok: impl FnOnce(T) -> bool,
+        field: String,
+        allowed: impl fmt::Display,
+    ) -> anyhow::Result<T> {
+        let value = *setting.get_ref();
+        if ok(value) {
+            Ok(value)
+        } else {
+            Err(self.error(Some(setting.span().start), field, allowed))
+        }
+    }
+
     fn error(
         &self,
         offset: Option<usize>,
@@ -677,48 +694,39 @@ impl Loaded {
                 OnFailure::Reject => FailurePolicy::Reject,
             };
             peer.force_bypass = p.force_bypass;
-            let level = *p.compression_level.get_ref();
-            if !(1..=9).contains(&level) {
-                return Err(self.error(
-                    Some(p.compression_level.span().start),
-                    format!("peer[{i}].compression_level"),
-                    "1 (fastest) to 9 (smallest)",
-                ));
-            }
+            let field = |name: &str| format!("peer[{i}].{name}");
+            let level = self.within(
+                &p.compression_level,
+                |l| (1..=9).contains(&l),
+                field("compression_level"),
+                "1 (fastest) to 9 (smallest)",
+            )?;
             peer.compression = p.compression.then_some(level);
             peer.fec = match p.fec {
                 Fec::Off => FecMode::Off,
                 Fec::On => FecMode::On,
                 Fec::Adaptive => FecMode::Adaptive,
             };
-            let overhead = *p.fec_max_overhead.get_ref();
-            if !(overhead > 0.0 && overhead <= 1.0) {
-                return Err(self.error(
-                    Some(p.fec_max_overhead.span().start),
-                    format!("peer[{i}].fec_max_overhead"),
-                    "above 0 and at most 1 (parity packets per data packet)",
-                ));
-            }
-            peer.fec_max_overhead = overhead;
+            peer.fec_max_overhead = self.within(
+                &p.fec_max_overhead,
+                |o| o > 0.0 && o <= 1.0,
+                field("fec_max_overhead"),
+                "above 0 and at most 1 (parity packets per data packet)",
+            )?;
             peer.smb = p.smb;
-            let read_ahead = *p.smb_read_ahead_mib.get_ref();
-            if read_ahead > MAX_SMB_READ_AHEAD_MIB {
-                return Err(self.error(
-                    Some(p.smb_read_ahead_mib.span().start),
-                    format!("peer[{i}].smb_read_ahead_mib"),
-                    format!("0 (none) to {MAX_SMB_READ_AHEAD_MIB}"),
-                ));
-            }
+            let read_ahead = self.within(
+                &p.smb_read_ahead_mib,
+                |mib| mib <= MAX_SMB_READ_AHEAD_MIB,
+                field("smb_read_ahead_mib"),
+                format!("0 (none) to {MAX_SMB_READ_AHEAD_MIB}"),
+            )?;
             peer.smb_read_ahead = read_ahead << 20;
-            let validity = *p.smb_validity_ms.get_ref();
-            if validity > MAX_SMB_VALIDITY_MS {
-                return Err(self.error(
-                    Some(p.smb_validity_ms.span().start),
-                    format!("peer[{i}].smb_validity_ms"),
-                    format!("0 (protected files only) to {MAX_SMB_VALIDITY_MS}"),
-                ));
-            }
-            peer.smb_validity_ms = validity;
+            peer.smb_validity_ms = self.within(
+                &p.smb_validity_ms,
+                |ms| ms <= MAX_SMB_VALIDITY_MS,
+                field("smb_validity_ms"),
+                format!("0 (protected files only) to {MAX_SMB_VALIDITY_MS}"),
+            )?;
             gateway.peers.push(peer);
         }
         for (i, f) in c.forwards.iter().enumerate() {
