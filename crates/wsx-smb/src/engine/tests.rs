@@ -869,29 +869,15 @@ fn an_oplock_break_drops_the_unasked_predictions_and_far_is_told() {
 /// predictions spent theirs), and reads every byte right.
 #[test]
 fn files_others_may_write_are_read_ahead_only_within_the_validity_window() {
-    let shared = |validity_ms, think_us| {
-        run_valid(1 << 20, 64 << 10, 100, 8 << 20, validity_ms, |c, _| {
-            c.share_access = 3;
-            c.think_us = think_us;
-        })
-    };
-    let none = shared(0, 0);
+    let none = others_may_write(0, 0, None);
     check(&none);
     assert_eq!(none.far.prefetched, 0, "{:?}", none.far);
-    let quick = shared(1000, 0);
+    let quick = others_may_write(1000, 0, None);
     check(&quick);
-    // 15 READs and the CLOSE.
-    assert_eq!(quick.near.answered_locally, 16, "{:?}", quick.near);
-    assert_eq!(
-        (quick.far.missed, quick.near.expired),
-        (0, 0),
-        "{:?} {:?}",
-        quick.far,
-        quick.near
-    );
+    all_answered_at_near(&quick);
     // A 100 ms window: a READ of 64 KiB ahead (a kibibyte per millisecond of it); the
     // client takes 150 ms to ask.
-    let slow = shared(100, 150_000);
+    let slow = others_may_write(100, 150_000, None);
     check(&slow);
     assert!(slow.near.expired >= 1, "{:?}", slow.near);
     assert!(slow.far.missed >= 1, "{:?}", slow.far);
@@ -905,25 +891,37 @@ fn files_others_may_write_are_read_ahead_only_within_the_validity_window() {
 /// given at near whenever the client asks. A lease without read caching protects nothing.
 #[test]
 fn a_lease_that_caches_reads_protects_the_file() {
-    let leased = |state| {
-        run_valid(1 << 20, 64 << 10, 100, 8 << 20, 0, |c, s| {
-            c.share_access = 3;
-            s.lease = Some(state);
-        })
-    };
-    let read = leased(lease::READ_CACHING | lease::HANDLE_CACHING);
+    let read = others_may_write(0, 0, Some(lease::READ_CACHING | lease::HANDLE_CACHING));
     check(&read);
-    // 15 READs and the CLOSE, none of them held to a window.
-    assert_eq!(read.near.answered_locally, 16, "{:?}", read.near);
-    assert_eq!(
-        (read.far.missed, read.near.expired),
-        (0, 0),
-        "{:?}",
-        read.far
-    );
-    let handle = leased(lease::HANDLE_CACHING);
+    all_answered_at_near(&read);
+    let handle = others_may_write(0, 0, Some(lease::HANDLE_CACHING));
     check(&handle);
     assert_eq!(handle.far.prefetched, 0, "{:?}", handle.far);
+}
+
+/// A client reading a 1 MiB file others may write (share mode 3, as Samba's smbclient
+/// opens) in 64 KiB READs at 100 ms, far with a validity window of `validity_ms`, the
+/// client taking `think_us` to ask again, the server granting `lease` (a lease state) or no
+/// oplock.
+fn others_may_write(validity_ms: u32, think_us: u64, lease: Option<u32>) -> Run {
+    run_valid(1 << 20, 64 << 10, 100, 8 << 20, validity_ms, |c, s| {
+        c.share_access = 3;
+        c.think_us = think_us;
+        s.lease = lease;
+    })
+}
+
+/// [`others_may_write`]'s client had 15 READs and its CLOSE answered at near, nothing
+/// missed or expired.
+fn all_answered_at_near(run: &Run) {
+    assert_eq!(run.near.answered_locally, 16, "{:?}", run.near);
+    assert_eq!(
+        (run.far.missed, run.near.expired),
+        (0, 0),
+        "{:?} {:?}",
+        run.far,
+        run.near
+    );
 }
 
 /// A window smaller than the path holds: far predicts the next READ just as the client,
