@@ -34,6 +34,8 @@ mod stats;
 mod timer;
 mod transmit;
 
+pub(crate) use transmit::MAX_SEND_BYTES;
+
 use crate::config::{FecMode, TransportConfig};
 use crate::congestion::{PathHint, PathParams};
 use crate::crypto::{Keys, PublicKey, SecretKey};

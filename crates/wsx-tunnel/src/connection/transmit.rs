@@ -33,7 +33,7 @@ pub struct Transmit {
 
 /// The most one send carries: GSO cuts one UDP datagram's worth (65,507 bytes, IPv4's
 /// largest UDP payload) into segments.
-const MAX_SEND_BYTES: usize = 65_507;
+pub(crate) const MAX_SEND_BYTES: usize = 65_507;
 
 /// Leftover room in a packet below which it is padded to full size, so that a burst's packets
 /// stay equal-sized for GSO.

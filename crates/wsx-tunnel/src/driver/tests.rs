@@ -502,11 +502,12 @@ fn a_hold_ends_when_it_should() {
         moderation.until, None,
         "cut to the past: over, watching again"
     );
-    // Arrivals 3 µs apart would make a 48 µs hold: not worth a timer.
-    assert!(Duration::from_micros(3) * RECEIVE_BATCH < MIN_RECEIVE_HOLD);
+    // Arrivals so close that a batch of them takes less than the shortest hold: not worth
+    // a timer.
+    let gap = (MIN_RECEIVE_HOLD / RECEIVE_BATCH).as_micros() as u64 - 1;
     moderation.set_cap(cap, us(10_000));
     moderation.received(us(10_000), 1);
-    moderation.received(us(10_003), 1);
+    moderation.received(us(10_000 + gap), 1);
     assert_eq!(moderation.until, None);
     // Receives that keep failing are tried again after the longest hold.
     moderation.back_off(us(20_000));

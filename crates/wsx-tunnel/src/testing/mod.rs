@@ -125,7 +125,9 @@ impl Pair {
                 &transport,
             )
         };
-        let max = usize::from(transport.max_datagram) * transport.max_burst_packets;
+        // One send's worth at most, as the driver's buffer.
+        let max = (usize::from(transport.max_datagram) * transport.max_burst_packets)
+            .min(crate::connection::MAX_SEND_BYTES.max(usize::from(transport.max_datagram)));
         Self {
             now: epoch,
             epoch,

@@ -464,7 +464,6 @@ impl Loaded {
         })
     }
 
-    /// An error found after parsing, at a byte offset of the text if it is about one place.
     /// The value of `setting` if `ok` holds of it; otherwise an error at its place in the
     /// file naming `field` and what it may be (`allowed`).
     fn within<T: Copy>(
@@ -482,6 +481,7 @@ impl Loaded {
         }
     }
 
+    /// An error found after parsing, at a byte offset of the text if it is about one place.
     fn error(
         &self,
         offset: Option<usize>,
