@@ -305,11 +305,13 @@ pub mod oplock {
     pub const LEASE: u8 = 0xFF;
 }
 
-/// `LeaseState` bits (MS-SMB2 2.2.13.2.8).
+/// `LeaseState` bits (MS-SMB2 2.2.13.2.8), and the response's `LeaseFlags` bit that says
+/// the lease is being broken (2.2.14.2.10).
 pub mod lease {
     pub const READ_CACHING: u32 = 0x01;
     pub const HANDLE_CACHING: u32 = 0x02;
     pub const WRITE_CACHING: u32 = 0x04;
+    pub const BREAK_IN_PROGRESS: u32 = 0x02;
 }
 
 /// A CREATE response's fields the read-ahead engine reads (MS-SMB2 2.2.14), with the state
@@ -320,8 +322,11 @@ pub struct CreateResponse {
     pub end_of_file: u64,
     pub file_attributes: u32,
     pub file_id: FileId,
-    /// `Some` when the oplock level is [`oplock::LEASE`] and the lease context is there.
+    /// `Some` when the oplock level is [`oplock::LEASE`] and the lease context is there:
+    /// its `LeaseState`, and whether a break of it is in progress (another open's
+    /// conflicting request has started one; the state is the one being broken).
     pub lease_state: Option<u32>,
+    pub lease_breaking: bool,
 }
 
 impl CreateResponse {
@@ -332,33 +337,36 @@ impl CreateResponse {
     pub fn parse(body: &[u8]) -> Result<Self, BodyError> {
         let b = checked(body, "CREATE response", Self::SIZE, Self::LEN)?;
         let oplock_level = b[2];
+        let lease = (oplock_level == oplock::LEASE)
+            .then(|| Self::lease(body))
+            .flatten();
         Ok(Self {
             oplock_level,
             end_of_file: le64(b, 48),
             file_attributes: le32(b, 56),
             file_id: FileId::parse(&b[64..80]),
-            lease_state: (oplock_level == oplock::LEASE)
-                .then(|| Self::lease_state(body))
-                .flatten(),
+            lease_state: lease.map(|(state, _)| state),
+            lease_breaking: lease.is_some_and(|(_, flags)| flags & lease::BREAK_IN_PROGRESS != 0),
         })
     }
 
     /// Whether the open lets its client cache what it reads, so that nobody else can
     /// change the file unseen: a Level II, exclusive or batch oplock, or a lease with read
-    /// caching (a break of either comes first).
+    /// caching that is not being broken (a break of either comes before a change).
     pub fn caches_reads(&self) -> bool {
         matches!(
             self.oplock_level,
             oplock::LEVEL_II | oplock::EXCLUSIVE | oplock::BATCH
-        ) || self
-            .lease_state
-            .is_some_and(|state| state & lease::READ_CACHING != 0)
+        ) || (!self.lease_breaking
+            && self
+                .lease_state
+                .is_some_and(|state| state & lease::READ_CACHING != 0))
     }
 
-    /// The `LeaseState` of the lease context among the response's create contexts
-    /// (`CreateContextsOffset` counts from the header's start); `None` if there is none or
-    /// the chain is malformed.
-    fn lease_state(body: &[u8]) -> Option<u32> {
+    /// The `LeaseState` and `LeaseFlags` of the lease context among the response's create
+    /// contexts (`CreateContextsOffset` counts from the header's start); `None` if there is
+    /// none or the chain is malformed.
+    fn lease(body: &[u8]) -> Option<(u32, u32)> {
         let offset = (le32(body, 80) as usize).checked_sub(super::header::HEADER_LEN)?;
         let length = le32(body, 84) as usize;
         let mut contexts = body.get(offset..offset.checked_add(length)?)?;
@@ -376,8 +384,8 @@ impl CreateResponse {
             if this.get(name_at..name_at + name_len) == Some(b"RqLs".as_slice()) {
                 let (data_at, data_len) = (usize::from(le16(head, 10)), le32(head, 12) as usize);
                 let data = this.get(data_at..data_at.checked_add(data_len)?)?;
-                // LeaseKey (16), then LeaseState, in both versions of the context.
-                return data.get(16..20).map(|state| le32(state, 0));
+                // LeaseKey (16), LeaseState (4), LeaseFlags (4), in both versions.
+                return data.get(16..24).map(|d| (le32(d, 0), le32(d, 4)));
             }
             if next == 0 {
                 return None;
@@ -718,6 +726,19 @@ mod tests {
                 .unwrap();
         assert_eq!(created.lease_state, Some(lease::HANDLE_CACHING));
         assert!(!created.caches_reads());
+        // A lease with read caching that is being broken: another open wants to write.
+        let mut breaking = lease_v2(lease::READ_CACHING | lease::HANDLE_CACHING);
+        breaking[20..24].copy_from_slice(&lease::BREAK_IN_PROGRESS.to_le_bytes());
+        let created = CreateResponse::parse(&create_response(
+            oplock::LEASE,
+            &context(b"RqLs", &breaking, true),
+        ))
+        .unwrap();
+        assert_eq!(
+            (created.lease_state, created.lease_breaking),
+            (Some(3), true)
+        );
+        assert!(!created.caches_reads());
         // A lease level without a lease context, and no oplock: nothing cached.
         assert!(
             !CreateResponse::parse(&create_response(oplock::LEASE, &[]))
@@ -755,7 +776,7 @@ mod tests {
                 .lease_state,
             None
         );
-        let short = context(b"RqLs", &lease_v2(1)[..18], true);
+        let short = context(b"RqLs", &lease_v2(1)[..22], true);
         assert_eq!(
             CreateResponse::parse(&create_response(oplock::LEASE, &short))
                 .unwrap()
