@@ -75,10 +75,16 @@ fn python_report(lab: &wsx_lab::Lab, python: &Path, script: &Path, args: &[&str]
 
 /// Both gateways, each with its API, their tunnel up.
 fn gateways_with_api(lab: &wsx_lab::Lab, dir: &Path) -> (Daemon, Daemon) {
+    gateways_with_api_and(lab, dir, "")
+}
+
+/// [`gateways_with_api`], with `far_peer` (TOML lines) added to gw-b's `[[peer]]` table.
+fn gateways_with_api_and(lab: &wsx_lab::Lab, dir: &Path, far_peer: &str) -> (Daemon, Daemon) {
     let c = configs_with(&SecretKey::generate(), &SecretKey::generate());
     let api = format!("\n[api]\nlisten = \"{API}\"\ntokens = [\"{TOKEN}\"]\n");
     let gw_a = Daemon::start(lab, Node::GwA, dir, &(c.gw_a + &api));
-    let gw_b = Daemon::start(lab, Node::GwB, dir, &(c.gw_b + &api));
+    // The peer table is the configuration's last: the lines join it.
+    let gw_b = Daemon::start(lab, Node::GwB, dir, &(c.gw_b + far_peer + &api));
     gw_a.wait_for("API listening", Duration::from_secs(10));
     gw_b.wait_for("API listening", Duration::from_secs(10));
     wait_for_tunnel(&gw_a, &gw_b, 1);
@@ -239,6 +245,66 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
     );
     // smbclient's READ sizes depend on its version and credits: only that the line is there.
     assert!(text.contains("SMB reads       "), "{text}");
+}
+
+/// A client that lets others write its files but holds a lease that caches reads (as
+/// Windows clients open files; smbprotocol asking Samba for one) is read ahead even where
+/// far reads no file others may write ahead (`smb_validity_ms = 0` on gw-b): the lease,
+/// like an oplock, means a writer's change would break it first. The same client without
+/// the lease is only relayed. Every byte checked by SHA-256.
+#[test]
+fn a_file_under_a_read_caching_lease_is_read_ahead_without_a_validity_window() {
+    let python = smb_python();
+    let lab = wsx_e2e::gateway_lab();
+    let dir = wsx_e2e::config_dir(&lab);
+    let (gw_a, gw_b) = gateways_with_api_and(&lab, &dir, "smb_validity_ms = 0\n");
+    let servers = [addr::server(false), addr::server(true)];
+    let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
+    let script = dir.join("smb_read.py");
+    std::fs::write(&script, include_str!("../../xtask/src/smb_read.py")).unwrap();
+    let data = pseudo_random(3_000_000, 71);
+    std::fs::write(samba.share_dir().join("leased.bin"), &data).unwrap();
+    let digest: String = sha256(&data).iter().map(|b| format!("{b:02x}")).collect();
+    let ip = servers[0].to_string();
+    let read = |flags: &[&str]| {
+        let mut args = flags.to_vec();
+        args.extend([
+            ip.as_str(),
+            "pub",
+            "65536",
+            "0x0210",
+            "root",
+            Samba::PASSWORD,
+        ]);
+        args.push("leased.bin");
+        let report = python_report(&lab, &python, &script, &args);
+        assert_eq!(report["sha256"], digest.as_str(), "{report}");
+        assert_eq!(report["signing"], false, "{report}");
+        report
+    };
+    read(&["--share-write"]);
+    let (before, far) = engines_after(&lab, [&gw_a, &gw_b], 1);
+    assert_eq!(before["unsigned"], 1, "{before}");
+    assert_eq!(far["prefetched"], 0, "no window, no lease: {far}");
+
+    let leased = read(&["--share-write", "--lease"]);
+    let state = leased["lease_states"][0].as_u64();
+    assert!(
+        state.is_some_and(|s| s & 1 != 0),
+        "Samba granted no lease with read caching: {leased}"
+    );
+    let (near, far) = engines_after(&lab, [&gw_a, &gw_b], 2);
+    // 46 READs of 64 KiB: all but the first few answered at gw-a.
+    let reads = leased["reads"].as_u64().unwrap();
+    let answered =
+        near["answered_locally"].as_u64().unwrap() - before["answered_locally"].as_u64().unwrap();
+    assert!(reads >= 46, "{leased}");
+    assert!(
+        answered >= 40,
+        "{answered} of {reads} READs answered locally: {near}"
+    );
+    assert_eq!(far["missed"], 0, "{far}");
+    assert_eq!(near["held_bytes"], 0, "{near}");
 }
 
 /// A client that keeps one READ outstanding (smbprotocol's, as the benchmark runs it)

@@ -7,9 +7,13 @@ READs and the slowest READ.
 
 With --compound, each file is opened as Windows opens one: its CREATE and a QUERY_INFO
 (FileStandardInformation) of the handle it makes in one compound request (related
-operations), then READs and CLOSE.
+operations), then READs and CLOSE. With --share-write, each is opened letting others
+write it (as Samba's smbclient opens files); with --lease, each CREATE asks for a lease
+that caches reads and handles (as Windows asks), and the JSON line has the lease state
+the server granted for each file ("lease_states").
 
-Usage: smb_read.py [--compound] SERVER SHARE READ_BYTES DIALECT_HEX USER PASSWORD FILE...
+Usage: smb_read.py [--compound] [--share-write] [--lease] SERVER SHARE READ_BYTES
+DIALECT_HEX USER PASSWORD FILE...
 """
 
 import hashlib
@@ -19,6 +23,13 @@ import time
 import uuid
 
 from smbprotocol.connection import Connection
+from smbprotocol.create_contexts import (
+    CreateContextName,
+    SMB2CreateContextRequest,
+    SMB2CreateRequestLease,
+    SMB2CreateResponseLease,
+    SMB2CreateResponseLeaseV2,
+)
 from smbprotocol.open import (
     CreateDisposition,
     CreateOptions,
@@ -26,6 +37,7 @@ from smbprotocol.open import (
     FilePipePrinterAccessMask,
     ImpersonationLevel,
     Open,
+    RequestedOplockLevel,
     ShareAccess,
     SMB2QueryInfoRequest,
 )
@@ -33,9 +45,12 @@ from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
 
 args = sys.argv[1:]
-compound = args[:1] == ["--compound"]
-if compound:
-    args = args[1:]
+flags = set()
+while args and args[0].startswith("--"):
+    flags.add(args.pop(0))
+compound = "--compound" in flags
+share_write = "--share-write" in flags
+lease = "--lease" in flags
 server, share, read_bytes, dialect, user, password = args[:6]
 names = args[6:]
 read_bytes = int(read_bytes)
@@ -56,13 +71,30 @@ offset_total = 0
 reads = 0
 reading = 0.0
 slowest = 0.0
+lease_states = []
+
+
+def lease_request():
+    """A create context asking for a lease that caches reads and handles."""
+    request = SMB2CreateRequestLease()
+    request["lease_key"] = uuid.uuid4().bytes
+    request["lease_state"] = 0x01 | 0x02  # SMB2_LEASE_READ_CACHING | HANDLE_CACHING
+    context = SMB2CreateContextRequest()
+    context["buffer_name"] = CreateContextName.SMB2_CREATE_REQUEST_LEASE
+    context["buffer_data"] = request
+    return context
+
+
 for name in names:
     handle = Open(tree, name)
+    share = ShareAccess.FILE_SHARE_READ
+    if share_write:
+        share |= ShareAccess.FILE_SHARE_WRITE
     create = (
         ImpersonationLevel.Impersonation,
         FilePipePrinterAccessMask.GENERIC_READ,
         FileAttributes.FILE_ATTRIBUTE_NORMAL,
-        ShareAccess.FILE_SHARE_READ,
+        share,
         CreateDisposition.FILE_OPEN,
         CreateOptions.FILE_NON_DIRECTORY_FILE,
     )
@@ -78,6 +110,18 @@ for name in names:
         )
         receive_create(sent[0])
         connection.receive(sent[1])
+    elif lease:
+        contexts = handle.create(
+            *create,
+            create_contexts=[lease_request()],
+            oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
+        )
+        granted = [
+            c["lease_state"].get_value()
+            for c in contexts or []
+            if isinstance(c, (SMB2CreateResponseLease, SMB2CreateResponseLeaseV2))
+        ]
+        lease_states.append(granted[0] if granted else None)
     else:
         handle.create(*create)
     size = handle.end_of_file
@@ -109,6 +153,7 @@ print(
             "reads_s": reading,
             "slowest_read_s": slowest,
             "signing": bool(session.signing_required),
+            "lease_states": lease_states,
         }
     )
 )
