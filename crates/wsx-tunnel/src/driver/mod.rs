@@ -1158,11 +1158,15 @@ struct Moderation {
     last: Option<Instant>,
     /// While holding: the socket is not watched for arrivals until then.
     until: Option<Instant>,
+    /// The hold is a back-off after receives that kept failing: a connection's cap does
+    /// not cut it short.
+    backing_off: bool,
 }
 
 impl Moderation {
     /// A receive at `now` found `datagrams`.
     fn received(&mut self, now: Instant, datagrams: u64) {
+        self.backing_off = false;
         if self.until.is_some_and(|t| t > now) && datagrams <= 1 {
             // Woken during a hold for something else (room to send, a socket error, a
             // report of a datagram that came before the socket was unwatched): the hold
@@ -1201,15 +1205,20 @@ impl Moderation {
     /// it, and ends if that is past.
     fn set_cap(&mut self, cap: Duration, now: Instant) {
         self.cap = cap;
+        if self.backing_off {
+            return;
+        }
         if let (Some(until), Some(last)) = (self.until, self.last) {
             let until = until.min(last + cap);
             self.until = (until > now).then_some(until);
         }
     }
 
-    /// Receives keep failing: try again after the longest hold, not at once.
+    /// Receives keep failing: try again after the longest hold, not at once (whatever
+    /// the connections' cap, which the I/O task sets right after).
     fn back_off(&mut self, now: Instant) {
         self.until = Some(now + MAX_RECEIVE_HOLD);
+        self.backing_off = true;
     }
 
     fn is_holding(&self) -> bool {
