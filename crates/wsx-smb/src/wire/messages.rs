@@ -311,7 +311,7 @@ pub mod lease {
     pub const READ_CACHING: u32 = 0x01;
     pub const HANDLE_CACHING: u32 = 0x02;
     pub const WRITE_CACHING: u32 = 0x04;
-    pub const BREAK_IN_PROGRESS: u32 = 0x02;
+    pub const FLAG_BREAK_IN_PROGRESS: u32 = 0x02;
 }
 
 /// A CREATE response's fields the read-ahead engine reads (MS-SMB2 2.2.14), with the state
@@ -346,7 +346,8 @@ impl CreateResponse {
             file_attributes: le32(b, 56),
             file_id: FileId::parse(&b[64..80]),
             lease_state: lease.map(|(state, _)| state),
-            lease_breaking: lease.is_some_and(|(_, flags)| flags & lease::BREAK_IN_PROGRESS != 0),
+            lease_breaking: lease
+                .is_some_and(|(_, flags)| flags & lease::FLAG_BREAK_IN_PROGRESS != 0),
         })
     }
 
@@ -728,7 +729,7 @@ mod tests {
         assert!(!created.caches_reads());
         // A lease with read caching that is being broken: another open wants to write.
         let mut breaking = lease_v2(lease::READ_CACHING | lease::HANDLE_CACHING);
-        breaking[20..24].copy_from_slice(&lease::BREAK_IN_PROGRESS.to_le_bytes());
+        breaking[20..24].copy_from_slice(&lease::FLAG_BREAK_IN_PROGRESS.to_le_bytes());
         let created = CreateResponse::parse(&create_response(
             oplock::LEASE,
             &context(b"RqLs", &breaking, true),
