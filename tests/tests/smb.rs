@@ -73,6 +73,38 @@ fn python_report(lab: &wsx_lab::Lab, python: &Path, script: &Path, args: &[&str]
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Writes `smb_read.py` (the benchmark's one-READ client) into `dir`; its path.
+fn smb_read_script(dir: &Path) -> std::path::PathBuf {
+    let script = dir.join("smb_read.py");
+    std::fs::write(&script, include_str!("../../xtask/src/smb_read.py")).unwrap();
+    script
+}
+
+/// Reads `names` from the share `pub` on `ip` with `smb_read.py` (`flags` first; 64 KiB
+/// READs over SMB 2.1 as root), from the client; its report, checked unsigned.
+fn smb_read(
+    lab: &wsx_lab::Lab,
+    (python, script): (&Path, &Path),
+    flags: &[&str],
+    ip: std::net::IpAddr,
+    names: &[&str],
+) -> Value {
+    let ip = ip.to_string();
+    let mut args = flags.to_vec();
+    args.extend([
+        ip.as_str(),
+        "pub",
+        "65536",
+        "0x0210",
+        "root",
+        Samba::PASSWORD,
+    ]);
+    args.extend_from_slice(names);
+    let report = python_report(lab, python, script, &args);
+    assert_eq!(report["signing"], false, "{report}");
+    report
+}
+
 /// Both gateways, each with its API, their tunnel up.
 fn gateways_with_api(lab: &wsx_lab::Lab, dir: &Path) -> (Daemon, Daemon) {
     gateways_with_api_and(lab, dir, "")
@@ -260,26 +292,13 @@ fn a_file_under_a_read_caching_lease_is_read_ahead_without_a_validity_window() {
     let (gw_a, gw_b) = gateways_with_api_and(&lab, &dir, "smb_validity_ms = 0\n");
     let servers = [addr::server(false), addr::server(true)];
     let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
-    let script = dir.join("smb_read.py");
-    std::fs::write(&script, include_str!("../../xtask/src/smb_read.py")).unwrap();
+    let script = smb_read_script(&dir);
     let data = pseudo_random(3_000_000, 71);
     std::fs::write(samba.share_dir().join("leased.bin"), &data).unwrap();
     let digest: String = sha256(&data).iter().map(|b| format!("{b:02x}")).collect();
-    let ip = servers[0].to_string();
     let read = |flags: &[&str]| {
-        let mut args = flags.to_vec();
-        args.extend([
-            ip.as_str(),
-            "pub",
-            "65536",
-            "0x0210",
-            "root",
-            Samba::PASSWORD,
-        ]);
-        args.push("leased.bin");
-        let report = python_report(&lab, &python, &script, &args);
+        let report = smb_read(&lab, (&python, &script), flags, servers[0], &["leased.bin"]);
         assert_eq!(report["sha256"], digest.as_str(), "{report}");
-        assert_eq!(report["signing"], false, "{report}");
         report
     };
     read(&["--share-write"]);
@@ -322,25 +341,12 @@ fn a_client_with_one_read_outstanding_is_read_ahead_and_gets_every_byte() {
     let (gw_a, gw_b) = gateways_with_api(&lab, &dir);
     let servers = [addr::server(false), addr::server(true)];
     let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
-    let script = dir.join("smb_read.py");
-    std::fs::write(&script, include_str!("../../xtask/src/smb_read.py")).unwrap();
+    let script = smb_read_script(&dir);
     // Reads `names` in one session over `ip`, each opened with a CREATE alone or (`--compound`)
     // compounded with a QUERY_INFO; the SHA-256 of all their bytes in order.
     let read_as = |open: &str, ip: std::net::IpAddr, names: &[&str]| -> (String, usize) {
-        let ip = ip.to_string();
-        let mut args = vec![
-            open,
-            ip.as_str(),
-            "pub",
-            "65536",
-            "0x0210",
-            "root",
-            Samba::PASSWORD,
-        ];
-        args.extend_from_slice(names);
-        args.retain(|a| !a.is_empty());
-        let report = python_report(&lab, &python, &script, &args);
-        assert_eq!(report["signing"], false, "{report}");
+        let flags: &[&str] = if open.is_empty() { &[] } else { &[open] };
+        let report = smb_read(&lab, (&python, &script), flags, ip, names);
         (
             report["sha256"].as_str().unwrap().to_owned(),
             report["reads"].as_u64().unwrap() as usize,
