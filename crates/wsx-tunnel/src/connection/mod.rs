@@ -34,7 +34,7 @@ mod stats;
 mod timer;
 mod transmit;
 
-pub(crate) use transmit::MAX_SEND_BYTES;
+pub(crate) use transmit::send_buffer_len;
 
 use crate::config::{FecMode, TransportConfig};
 use crate::congestion::{PathHint, PathParams};

@@ -33,7 +33,15 @@ pub struct Transmit {
 
 /// The most one send carries: GSO cuts one UDP datagram's worth (65,507 bytes, IPv4's
 /// largest UDP payload) into segments.
-pub(crate) const MAX_SEND_BYTES: usize = 65_507;
+const MAX_SEND_BYTES: usize = 65_507;
+
+/// A send buffer for `datagrams` datagrams of up to `max_datagram` bytes (the driver's GSO
+/// buffer, the simulation's): no longer than one send carries ([`MAX_SEND_BYTES`]; the core
+/// fills as many datagrams of the current size as fit), so that 64 of 9,000 bytes do not
+/// take 576 KB of which one send uses 65,507.
+pub(crate) fn send_buffer_len(max_datagram: usize, datagrams: usize) -> usize {
+    (max_datagram * datagrams).min(MAX_SEND_BYTES.max(max_datagram))
+}
 
 /// Leftover room in a packet below which it is padded to full size, so that a burst's packets
 /// stay equal-sized for GSO.

@@ -209,7 +209,8 @@ impl Driver {
         let io = Io {
             linger,
             recv: socket::RecvBuffers::new(&state),
-            send: vec![0; send_buffer_len(max_datagram, max_burst)].into_boxed_slice(),
+            send: vec![0; crate::connection::send_buffer_len(max_datagram, max_burst)]
+                .into_boxed_slice(),
             max_datagram,
             max_burst,
             ipv6_socket: local_addr.is_ipv6(),
@@ -745,13 +746,6 @@ fn send_limits(shared: &Shared) -> (usize, usize) {
     )
 }
 
-/// The GSO buffer for `datagrams` datagrams of up to `max_datagram` bytes: no longer than
-/// one send carries (`MAX_SEND_BYTES`; the core fills as many datagrams of the current size
-/// as fit), so that 64 of 9,000 bytes do not take 576 KB of which one send uses 65,507.
-fn send_buffer_len(max_datagram: usize, datagrams: usize) -> usize {
-    (max_datagram * datagrams).min(crate::connection::MAX_SEND_BYTES.max(max_datagram))
-}
-
 /// The I/O task's own state.
 struct Io {
     shared: Arc<Shared>,
@@ -1070,7 +1064,7 @@ impl Io {
             socket: self.socket.socket(),
             state: &self.state,
             shared: &self.shared,
-            buf: &mut self.send[..send_buffer_len(self.max_datagram, segments)],
+            buf: &mut self.send[..crate::connection::send_buffer_len(self.max_datagram, segments)],
             ipv6_socket: self.ipv6_socket,
         };
         // No connection, no hold: the first datagrams of a handshake are taken at once.

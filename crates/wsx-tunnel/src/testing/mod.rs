@@ -125,9 +125,10 @@ impl Pair {
                 &transport,
             )
         };
-        // One send's worth at most, as the driver's buffer.
-        let max = (usize::from(transport.max_datagram) * transport.max_burst_packets)
-            .min(crate::connection::MAX_SEND_BYTES.max(usize::from(transport.max_datagram)));
+        let max = crate::connection::send_buffer_len(
+            usize::from(transport.max_datagram),
+            transport.max_burst_packets,
+        );
         Self {
             now: epoch,
             epoch,
