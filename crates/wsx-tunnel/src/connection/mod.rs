@@ -34,6 +34,7 @@ mod stats;
 mod timer;
 mod transmit;
 
+#[cfg(any(test, feature = "driver", feature = "testing"))]
 pub(crate) use transmit::send_buffer_len;
 
 use crate::config::{FecMode, TransportConfig};

@@ -39,6 +39,7 @@ const MAX_SEND_BYTES: usize = 65_507;
 /// buffer, the simulation's): no longer than one send carries ([`MAX_SEND_BYTES`]; the core
 /// fills as many datagrams of the current size as fit), so that 64 of 9,000 bytes do not
 /// take 576 KB of which one send uses 65,507.
+#[cfg(any(test, feature = "driver", feature = "testing"))]
 pub(crate) fn send_buffer_len(max_datagram: usize, datagrams: usize) -> usize {
     (max_datagram * datagrams).min(MAX_SEND_BYTES.max(max_datagram))
 }
