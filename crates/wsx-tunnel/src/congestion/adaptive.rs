@@ -110,9 +110,12 @@ const PROBE_GROWTH: u64 = 1150;
 /// not empty sooner (another flow keeps it full).
 const MAX_DRAIN_ROUNDS: u32 = 3;
 /// Packets' worth of bytes sent while draining before their loss rate is the line's (see
-/// `line_loss`), and the fewest one drain must send to count.
-const LINE_LOSS_PACKETS: u64 = 1000;
-const LINE_LOSS_MIN_DRAIN: u64 = 20;
+/// `line_loss`): 500 put a 5 % loss rate within about a point.
+const LINE_LOSS_PACKETS: u64 = 500;
+/// Packets' worth of bytes over which the line's loss rate is averaged: older drains' bytes
+/// count for less as newer ones come, so that a line that changes is followed within
+/// several probe cycles.
+const LINE_LOSS_MEMORY: u64 = 5000;
 /// The most random loss the pacing rate makes up for (see `for_random_loss`): beyond it
 /// the line is broken rather than lossy, and sending a third more is no answer.
 const MAX_COMPENSATED_LOSS: f64 = 0.25;
@@ -187,9 +190,10 @@ pub struct Adaptive {
     pattern: LossPattern,
     /// The last drain's packets, until their losses are known (see [`DrainSpan`]).
     drain: Option<DrainSpan>,
-    /// See [`Adaptive::line_loss`]: the smoothed loss rate of drains, and the bytes they
-    /// sent.
-    line_loss: f64,
+    /// See [`Adaptive::line_loss`]: the bytes drains sent and lost, each decayed over
+    /// [`LINE_LOSS_MEMORY`], and all the bytes they sent.
+    line_sent: f64,
+    line_lost: f64,
     line_bytes: u64,
     congestion_events: u64,
     random_losses: u64,
@@ -226,7 +230,8 @@ impl Adaptive {
             in_flight: 0,
             pattern: LossPattern::new(),
             drain: None,
-            line_loss: 0.0,
+            line_sent: 0.0,
+            line_lost: 0.0,
             line_bytes: 0,
             congestion_events: 0,
             random_losses: 0,
@@ -356,16 +361,19 @@ impl Adaptive {
         else {
             return;
         };
-        if span.spoiled || span.sent < LINE_LOSS_MIN_DRAIN * self.max_datagram {
-            return;
+        if !span.spoiled {
+            self.learn_line_loss(span.sent, span.lost);
         }
-        let fraction = span.lost.min(span.sent) as f64 / span.sent as f64;
-        self.line_loss = if self.line_bytes == 0 {
-            fraction
-        } else {
-            (self.line_loss * 7.0 + fraction) / 8.0
-        };
-        self.line_bytes = self.line_bytes.saturating_add(span.sent);
+    }
+
+    /// Folds `lost` of `sent` bytes into the line's loss rate, by bytes: a drain cut short
+    /// by the queue's emptying says less than a whole one (the first estimate once came
+    /// from 150 packets and stood for seconds against the next drains' 700).
+    fn learn_line_loss(&mut self, sent: u64, lost: u64) {
+        let keep = (-(sent as f64) / (LINE_LOSS_MEMORY * self.max_datagram) as f64).exp();
+        self.line_sent = self.line_sent * keep + sent as f64;
+        self.line_lost = self.line_lost * keep + lost.min(sent) as f64;
+        self.line_bytes = self.line_bytes.saturating_add(sent);
     }
 
     fn advance_phase(&mut self, now: Instant) {
@@ -430,15 +438,18 @@ impl Adaptive {
     /// The line's own loss rate: what was lost and not rebuilt by the peer of the bytes sent
     /// while the pacing gain was below one (a drain, parity included), in drains during
     /// whose wait for their losses no congestion verdict came (a competing flow's queue may
-    /// drop even what a drain sends), once 1,000 full packets' worth have been seen. Those packets were sent below the bottleneck's
-    /// rate, so their losses are the line's and not an overflow's. Packets are told apart
+    /// drop even what a drain sends), once [`LINE_LOSS_PACKETS`] full packets' worth have
+    /// been seen, weighted by bytes over the last [`LINE_LOSS_MEMORY`] or so. Those packets
+    /// were sent below the bottleneck's rate, so their losses are the line's and not an
+    /// overflow's. Packets are told apart
     /// by when they were sent, not by round: a drain ends as soon as the queue is gone,
     /// often within the round it began, and rounds that began in one were rare.
     /// The loss classifier's rate would not do: on a bottleneck whose queue is too short to
     /// show a rising RTT, overflow losses look random, and sending for them made more of
     /// them (a 2 ms queue lost 15 % instead of 4-5 %).
     fn line_loss(&self) -> Option<f64> {
-        (self.line_bytes >= LINE_LOSS_PACKETS * self.max_datagram).then_some(self.line_loss)
+        (self.line_bytes >= LINE_LOSS_PACKETS * self.max_datagram)
+            .then(|| self.line_lost / self.line_sent)
     }
 
     /// `rate` raised by the line's random-loss rate: the estimate counts what arrived, and
@@ -850,6 +861,29 @@ mod tests {
         // the overflow may have taken some of the drain's too.
         let after = [6000, 6001, 6002, 6100, 6101, 6102];
         assert_eq!(line_loss_after_a_drain(&scattered, &after), None);
+    }
+
+    #[test]
+    fn the_line_loss_weighs_drains_by_their_bytes() {
+        let start = crate::test_epoch();
+        let mut c = warm(start);
+        let packet = c.max_datagram;
+        c.learn_line_loss(400 * packet, 20 * packet);
+        assert_eq!(c.line_loss(), None, "400 packets are too few");
+        c.learn_line_loss(300 * packet, 15 * packet);
+        let p = c.line_loss().expect("700 packets are enough");
+        assert!((p - 0.05).abs() < 1e-3, "{p}");
+        // A drain of ten packets cut short by the emptied queue, four of them lost, moves
+        // the rate by half a point (weighted per drain, it went an eighth of the way to 40 %).
+        c.learn_line_loss(10 * packet, 4 * packet);
+        let p = c.line_loss().expect("a rate");
+        assert!(p < 0.056, "{p}");
+        // Long after, only recent drains count: the line got better.
+        for _ in 0..20 {
+            c.learn_line_loss(700 * packet, 7 * packet);
+        }
+        let p = c.line_loss().expect("a rate");
+        assert!(p < 0.012, "{p}");
     }
 
     #[test]
