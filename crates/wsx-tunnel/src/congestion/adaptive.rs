@@ -17,7 +17,8 @@
 //!
 //! **Optimal Congestion Control.** The rate cruises at the bottleneck estimate, and every eight
 //! minimum RTTs it probes for more (one RTT at 1.25×) and drains (0.75×) until no more than
-//! the bandwidth-delay product is in flight, for at most three RTTs. The drain must run until
+//! the bandwidth-delay product (and the line's share of it, see below) is in flight, for at
+//! most three RTTs. The drain must run until
 //! the queue is gone, not for one RTT: a probe adds as much queue as one RTT of draining
 //! removes, so a queue left by anything else (the start-up, a short dip of the bottleneck,
 //! an estimate a percent high from ACK timing noise) would otherwise stand for good. In the
@@ -40,12 +41,14 @@
 //! instead of 92 %). `p` is measured on the packets sent while draining (told apart by when
 //! they were sent), below the bottleneck's rate, so that a queue too short to show a rising
 //! RTT, whose overflow looks random, does not make the sender send for its own overflow.
-//! For the same reason a drain lasts until what is in flight is the bandwidth-delay product
-//! and the share of it the line loses: lost packets count in flight until they are declared
-//! lost. Losses FEC repairs are acknowledged and count as arrived. Congestive losses (a full
-//! queue, more loss runs than the line's own rate explains, more long runs than the line
-//! makes) reset the bottleneck
-//! estimate to the most recent delivery rate — the rate the bottleneck actually gave us — and
+//! Because the pacing rate is raised so, a drain lasts until what is in flight is the
+//! bandwidth-delay product and the share of it the line loses (lost packets count in flight
+//! until they are declared lost), that share taken a standard error below its estimate: a
+//! drain that ended with a queue standing would raise the minimum RTT by it, and the next
+//! drain's target with it. Losses FEC repairs are acknowledged and count as arrived.
+//! Congestive losses (a full queue, more loss runs than the line's own rate explains, more
+//! long runs than the line makes) reset the bottleneck estimate to the most recent delivery
+//! rate — the rate the bottleneck actually gave us — and
 //! drain for one round, which removes the overflow within about an RTT of its detection. Unlike
 //! BBR v1 the controller therefore does yield when the bottleneck shrinks or another flow
 //! arrives, instead of holding a ten-round-old maximum.
@@ -113,9 +116,13 @@ const MAX_DRAIN_ROUNDS: u32 = 3;
 /// `line_loss`): 500 put a 5 % loss rate within about a point.
 const LINE_LOSS_PACKETS: u64 = 500;
 /// Packets' worth of bytes over which the line's loss rate is averaged: older drains' bytes
-/// count for less as newer ones come, so that a line that changes is followed within
-/// several probe cycles.
+/// count for less as newer ones come, so that a line that changes is followed. On a path
+/// whose drains send fewer than about 150 packets, 32 drains are the memory instead
+/// ([`LINE_LOSS_KEEP`]): otherwise one of 13 packets (10 Mbit/s at 20 ms) would follow a
+/// change only after some 400 probe cycles.
 const LINE_LOSS_MEMORY: u64 = 5000;
+/// The most of the line's loss history one drain keeps.
+const LINE_LOSS_KEEP: f64 = 0.968_75;
 /// The most random loss the pacing rate makes up for (see `for_random_loss`): beyond it
 /// the line is broken rather than lossy, and sending a third more is no answer.
 const MAX_COMPENSATED_LOSS: f64 = 0.25;
@@ -195,6 +202,8 @@ pub struct Adaptive {
     line_sent: f64,
     line_lost: f64,
     line_bytes: u64,
+    /// [`LINE_LOSS_PACKETS`] were seen.
+    line_known: bool,
     congestion_events: u64,
     random_losses: u64,
     losses: u64,
@@ -233,6 +242,7 @@ impl Adaptive {
             line_sent: 0.0,
             line_lost: 0.0,
             line_bytes: 0,
+            line_known: false,
             congestion_events: 0,
             random_losses: 0,
             losses: 0,
@@ -256,11 +266,12 @@ impl Adaptive {
     /// What is in flight when the pipe is full and no queue stands: the bandwidth-delay
     /// product and the share of what is sent that the line loses on the way, since a lost
     /// packet counts in flight until it is declared lost, about a round trip after it was
-    /// sent. A drain that waited for the bandwidth-delay product alone also emptied the
-    /// pipe of that share: at 5 % loss each probe cycle's drain idled the bottleneck for
-    /// about 8 % of a round trip.
+    /// sent; that share at the low end of its estimate ([`Adaptive::line_loss_low`]). A
+    /// drain that waited for the bandwidth-delay product alone also emptied the pipe of it:
+    /// at 5 % loss each probe cycle's drain idled the bottleneck for about 8 % of a round
+    /// trip.
     fn full_pipe(&self) -> u64 {
-        self.for_random_loss(self.bdp())
+        raised(self.bdp(), self.line_loss_low())
     }
 
     /// The rate the controller works from: the bottleneck estimate, or before there is one,
@@ -370,10 +381,18 @@ impl Adaptive {
     /// by the queue's emptying says less than a whole one (the first estimate once came
     /// from 150 packets and stood for seconds against the next drains' 700).
     fn learn_line_loss(&mut self, sent: u64, lost: u64) {
-        let keep = (-(sent as f64) / (LINE_LOSS_MEMORY * self.max_datagram) as f64).exp();
+        if sent == 0 {
+            return;
+        }
+        let keep = (-(sent as f64) / (LINE_LOSS_MEMORY * self.max_datagram) as f64)
+            .exp()
+            .min(LINE_LOSS_KEEP);
         self.line_sent = self.line_sent * keep + sent as f64;
         self.line_lost = self.line_lost * keep + lost.min(sent) as f64;
         self.line_bytes = self.line_bytes.saturating_add(sent);
+        // Once known it stays known, whatever the datagram size becomes (path MTU
+        // discovery raising it would otherwise move the threshold past what was seen).
+        self.line_known |= self.line_bytes >= LINE_LOSS_PACKETS * self.max_datagram;
     }
 
     fn advance_phase(&mut self, now: Instant) {
@@ -448,8 +467,18 @@ impl Adaptive {
     /// show a rising RTT, overflow losses look random, and sending for them made more of
     /// them (a 2 ms queue lost 15 % instead of 4-5 %).
     fn line_loss(&self) -> Option<f64> {
-        (self.line_bytes >= LINE_LOSS_PACKETS * self.max_datagram)
-            .then(|| self.line_lost / self.line_sent)
+        (self.line_known && self.line_sent > 0.0).then(|| self.line_lost / self.line_sent)
+    }
+
+    /// The line's loss rate less one standard error of its estimate (on the decayed count
+    /// of packets it rests on), never below zero: what a drain may count on the line
+    /// losing. Taken at face value, an estimate a point high would end drains with a point
+    /// of the bandwidth-delay product still queued, which the minimum RTT would take for
+    /// path, and the next drain's target would grow by it.
+    fn line_loss_low(&self) -> Option<f64> {
+        let p = self.line_loss()?;
+        let packets = self.line_sent / self.max_datagram.max(1) as f64;
+        Some((p - (p * (1.0 - p) / packets).sqrt()).max(0.0))
     }
 
     /// `rate` raised by the line's random-loss rate: the estimate counts what arrived, and
@@ -459,12 +488,7 @@ impl Adaptive {
     /// (the estimate is the bottleneck's rate less the losses), this is the bottleneck's
     /// rate. Losses FEC repaired are acknowledged, so they count as arrived and not here.
     fn for_random_loss(&self, rate: u64) -> u64 {
-        match self.line_loss() {
-            Some(loss) if loss > 0.0 => {
-                (rate as f64 / (1.0 - loss.min(MAX_COMPENSATED_LOSS))).round() as u64
-            }
-            _ => rate,
-        }
+        raised(rate, self.line_loss())
     }
 
     /// The RTT rise that marks a full queue. In Optimal, a probe may legitimately queue a
@@ -617,6 +641,17 @@ impl Controller for Adaptive {
             rate: self.bottleneck.get(),
             min_rtt: self.min_rtt,
         })
+    }
+}
+
+/// `value` over `1 - loss`: what must be sent for `value` to arrive where the line loses
+/// `loss` of it (at most [`MAX_COMPENSATED_LOSS`]).
+fn raised(value: u64, loss: Option<f64>) -> u64 {
+    match loss {
+        Some(loss) if loss > 0.0 => {
+            (value as f64 / (1.0 - loss.min(MAX_COMPENSATED_LOSS))).round() as u64
+        }
+        _ => value,
     }
 }
 
@@ -869,21 +904,61 @@ mod tests {
         let mut c = warm(start);
         let packet = c.max_datagram;
         c.learn_line_loss(400 * packet, 20 * packet);
-        assert_eq!(c.line_loss(), None, "400 packets are too few");
-        c.learn_line_loss(300 * packet, 15 * packet);
-        let p = c.line_loss().expect("700 packets are enough");
-        assert!((p - 0.05).abs() < 1e-3, "{p}");
+        c.learn_line_loss(99 * packet, 5 * packet);
+        assert_eq!(c.line_loss(), None, "499 packets are too few");
+        c.learn_line_loss(packet, 0);
+        assert!(c.line_loss().is_some(), "500 are enough");
+        let mut c = warm(start);
+        c.learn_line_loss(400 * packet, 20 * packet);
+        c.learn_line_loss(300 * packet, 30 * packet);
+        // By bytes, the older drain decayed by e^(-300/5000): 48.8 of 676.7 packets. Per
+        // drain it would have been 5.6 %.
+        let p = c.line_loss().expect("a rate");
+        assert!((p - 0.072_17).abs() < 1e-4, "{p}");
         // A drain of ten packets cut short by the emptied queue, four of them lost, moves
-        // the rate by half a point (weighted per drain, it went an eighth of the way to 40 %).
+        // it half a point (per drain, an eighth of the way to 40 %: 11.3 %).
         c.learn_line_loss(10 * packet, 4 * packet);
         let p = c.line_loss().expect("a rate");
-        assert!(p < 0.056, "{p}");
-        // Long after, only recent drains count: the line got better.
+        assert!((p - 0.077_09).abs() < 1e-4, "{p}");
+        // Twenty drains of 700 packets later the line is what they saw (1 %): the older
+        // drains keep e^(-2.8) of their weight. Without decay it would read 1.22 %.
         for _ in 0..20 {
             c.learn_line_loss(700 * packet, 7 * packet);
         }
         let p = c.line_loss().expect("a rate");
-        assert!(p < 0.012, "{p}");
+        assert!((p - 0.010_54).abs() < 1e-4, "{p}");
+        // Path MTU discovery raising the datagram size does not forget it.
+        c.on_max_datagram(9000);
+        assert!(c.line_loss().is_some());
+    }
+
+    /// A probe cycle's drain ends when the bandwidth-delay product and the line's share of
+    /// it are in flight: 5 % loss learned from 7,000 packets, less one standard error
+    /// (4.66 %, on 4,037 decayed packets), raises 1.25 MB to 1,311,058 bytes.
+    #[test]
+    fn a_drain_ends_with_the_line_share_of_the_pipe_in_flight() {
+        let start = crate::test_epoch();
+        let drain_ends = |learned: bool, in_flight: u64| {
+            let mut c = warm(start);
+            if learned {
+                for _ in 0..10 {
+                    c.learn_line_loss(700 * 1400, 35 * 1400);
+                }
+            }
+            c.cycle_index = 1;
+            c.cycle_start = start;
+            c.in_flight = in_flight;
+            c.advance_phase(start + 10 * MS);
+            c.cycle_index == 2
+        };
+        assert!(drain_ends(false, 1_250_000));
+        assert!(!drain_ends(false, 1_290_000));
+        assert!(drain_ends(true, 1_290_000));
+        assert!(drain_ends(true, 1_311_000));
+        assert!(
+            !drain_ends(true, 1_312_000),
+            "the estimate itself (5 %) is not counted on"
+        );
     }
 
     #[test]
