@@ -921,7 +921,7 @@ mod tests {
         let p = c.line_loss().expect("a rate");
         assert!((p - 0.077_09).abs() < 1e-4, "{p}");
         // Twenty drains of 700 packets later the line is what they saw (1 %): the older
-        // drains keep e^(-2.8) of their weight. Without decay it would read 1.22 %.
+        // drains keep e^(-2.8) of their weight. Without decay it would read 1.32 %.
         for _ in 0..20 {
             c.learn_line_loss(700 * packet, 7 * packet);
         }
