@@ -165,6 +165,10 @@ pub(crate) struct BenchArgs {
     /// Seconds of sending per case.
     #[arg(long, default_value_t = 20.0)]
     seconds: f64,
+    /// Seconds of one transfer through the same gateways before the measured one, then a
+    /// second with nothing to send: a tunnel in use recently, not a cold one (0: cold).
+    #[arg(long, default_value_t = 0.0)]
+    warm_up_seconds: f64,
     /// Payload of the transfers.
     #[arg(long, value_enum, default_value_t = PayloadKind::Random)]
     payload: PayloadKind,
@@ -268,6 +272,8 @@ pub(crate) struct Case {
     pub(crate) wan: WanSpec,
     pub(crate) flows: u16,
     pub(crate) seconds: f64,
+    /// See `--warm-up-seconds`.
+    pub(crate) warm_up_s: f64,
     pub(crate) payload: PayloadKind,
     pub(crate) ipv6: bool,
     /// The gateways' settings in the wsx mode.
@@ -301,6 +307,9 @@ pub(crate) struct Record {
     pub(crate) queue_ms: f64,
     pub(crate) flows: u16,
     pub(crate) seconds: f64,
+    /// A transfer of this many seconds ran through the same gateways first (0: none).
+    #[serde(default)]
+    pub(crate) warm_up_s: f64,
     pub(crate) payload: PayloadKind,
     /// Payload bytes delivered and verified.
     pub(crate) bytes: u64,
@@ -762,6 +771,7 @@ fn cases(args: &BenchArgs) -> Vec<Case> {
         wan: args.wan.clone(),
         flows: args.flows,
         seconds: args.seconds,
+        warm_up_s: args.warm_up_seconds,
         payload: args.payload,
         ipv6: args.ipv6,
         gateways: Settings {
@@ -948,6 +958,74 @@ impl Case {
 }
 
 /// Runs one case on a fresh lab.
+/// Where a case's transfer runs: the lab, the binary, and each end's node, address and
+/// tunnel keys (the sink listens on its address, the sender connects to its).
+struct Ends<'a> {
+    lab: &'a Lab,
+    binary: &'a Path,
+    sink: (Node, SocketAddr, &'a [String]),
+    sender: (Node, SocketAddr, &'a [String]),
+}
+
+impl Ends<'_> {
+    /// Starts the sink for the case's flows, its report to `json`, once it listens.
+    fn start_sink(&self, case: &Case, json: &Path) -> Result<std::process::Child> {
+        let (node, listen, keys) = self.sink;
+        let mut sink = self
+            .lab
+            .command(node, self.binary)
+            .args([
+                "sink",
+                "--listen",
+                &listen.to_string(),
+                "--flows",
+                &case.flows.to_string(),
+            ])
+            .args(keys)
+            .arg("--json")
+            .arg(json)
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the sink")?;
+        let mut ready = String::new();
+        BufReader::new(sink.stdout.take().context("sink stdout")?).read_line(&mut ready)?;
+        if !ready.starts_with("ready") {
+            let _ = sink.kill();
+            bail!("the sink did not start: {ready:?}");
+        }
+        Ok(sink)
+    }
+
+    /// Sends the case's flows for `seconds`, its report to `json`.
+    fn send(&self, case: &Case, seconds: f64, json: &Path) -> Result<std::process::ExitStatus> {
+        let (node, to, keys) = self.sender;
+        let mut sender = self.lab.command(node, self.binary);
+        sender.args([
+            "send",
+            "--to",
+            &to.to_string(),
+            "--flows",
+            &case.flows.to_string(),
+            "--seconds",
+            &seconds.to_string(),
+            "--payload",
+            match case.payload {
+                PayloadKind::Random => "random",
+                PayloadKind::Text => "text",
+            },
+        ]);
+        sender.args(keys);
+        if let Some(cc) = case.mode.congestion() {
+            sender.args(["--cc", cc]);
+        }
+        Ok(sender
+            .arg("--json")
+            .arg(json)
+            .stdout(Stdio::null())
+            .status()?)
+    }
+}
+
 pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
     let lab = match case.mode {
         Mode::WsxVeth => Lab::start_clean(case.veth_mtu.unwrap_or(1500))?,
@@ -1002,28 +1080,25 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         Mode::WsxVeth => Ok(EmulatorStats::default()),
         _ => lab.emulator().stats(),
     };
-    let before = emulator_stats()?;
-    let mut sink = lab
-        .command(sink_node, binary)
-        .args([
-            "sink",
-            "--listen",
-            &target.to_string(),
-            "--flows",
-            &case.flows.to_string(),
-        ])
-        .args(&sink_keys)
-        .arg("--json")
-        .arg(&sink_json)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the sink")?;
-    let mut ready = String::new();
-    BufReader::new(sink.stdout.take().context("sink stdout")?).read_line(&mut ready)?;
-    if !ready.starts_with("ready") {
-        let _ = sink.kill();
-        bail!("the sink did not start: {ready:?}");
+    let ends = Ends {
+        lab: &lab,
+        binary,
+        sink: (sink_node, target, &sink_keys),
+        sender: (sender_node, entry, &sender_keys),
+    };
+    if case.warm_up_s > 0.0 {
+        // A tunnel in use recently: one transfer through the same gateways, then a second
+        // with nothing to send.
+        let mut sink = ends.start_sink(case, &work.join("warm-up-sink.json"))?;
+        let sent = ends.send(case, case.warm_up_s, &work.join("warm-up-send.json"))?;
+        let received = sink.wait()?;
+        if !sent.success() || !received.success() {
+            bail!("the warm-up transfer failed: sender {sent}, sink {received}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
     }
+    let before = emulator_stats()?;
+    let mut sink = ends.start_sink(case, &sink_json)?;
     let shaping = case
         .gateways
         .shape_kbit
@@ -1032,30 +1107,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         lab.emulator()
             .mark_timeline(wsx_lab::emulator::Direction::AToB)?;
     }
-    let mut sender = lab.command(sender_node, binary);
-    sender.args([
-        "send",
-        "--to",
-        &entry.to_string(),
-        "--flows",
-        &case.flows.to_string(),
-        "--seconds",
-        &case.seconds.to_string(),
-        "--payload",
-        match case.payload {
-            PayloadKind::Random => "random",
-            PayloadKind::Text => "text",
-        },
-    ]);
-    sender.args(&sender_keys);
-    if let Some(cc) = case.mode.congestion() {
-        sender.args(["--cc", cc]);
-    }
-    let send_status = sender
-        .arg("--json")
-        .arg(&send_json)
-        .stdout(Stdio::null())
-        .status()?;
+    let send_status = ends.send(case, case.seconds, &send_json)?;
     let sink_status = sink.wait()?;
     let after = emulator_stats()?;
     let wire = match shaping {
@@ -1146,6 +1198,7 @@ pub(crate) fn run_case(case: &Case, binary: &Path) -> Result<Record> {
         queue_ms: case.wan.queue_ms(),
         flows: case.flows,
         seconds: case.seconds,
+        warm_up_s: case.warm_up_s,
         payload: case.payload,
         bytes,
         duration_s,

@@ -41,6 +41,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<()> {
             wan: wan.clone(),
             flows: 1,
             seconds: args.seconds,
+            warm_up_s: 0.0,
             payload: PayloadKind::Random,
             ipv6: false,
             gateways: crate::gateway::Settings::default(),
