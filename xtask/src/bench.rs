@@ -11,7 +11,6 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -971,29 +970,18 @@ impl Ends<'_> {
     /// Starts the sink for the case's flows, its report to `json`, once it listens.
     fn start_sink(&self, case: &Case, json: &Path) -> Result<std::process::Child> {
         let (node, listen, keys) = self.sink;
-        let mut sink = self
-            .lab
-            .command(node, self.binary)
-            .args([
-                "sink",
-                "--listen",
-                &listen.to_string(),
-                "--flows",
-                &case.flows.to_string(),
-            ])
-            .args(keys)
-            .arg("--json")
-            .arg(json)
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the sink")?;
-        let mut ready = String::new();
-        BufReader::new(sink.stdout.take().context("sink stdout")?).read_line(&mut ready)?;
-        if !ready.starts_with("ready") {
-            let _ = sink.kill();
-            bail!("the sink did not start: {ready:?}");
-        }
-        Ok(sink)
+        let mut sink = self.lab.command(node, self.binary);
+        sink.args([
+            "sink",
+            "--listen",
+            &listen.to_string(),
+            "--flows",
+            &case.flows.to_string(),
+        ])
+        .args(keys)
+        .arg("--json")
+        .arg(json);
+        crate::shaping::spawn_ready(sink, "sink")
     }
 
     /// Sends the case's flows for `seconds`, its report to `json`.

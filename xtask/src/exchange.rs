@@ -12,7 +12,6 @@ use crate::gateway::{Fec, Pair, Settings};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
 use wsx_lab::traffic::ExchangeReport;
@@ -139,16 +138,7 @@ fn run_case(case: &ExchangeCase, binary: &Path) -> Result<ExchangeRecord> {
     if let Some(cc) = cc {
         answering.args(["--cc", cc]);
     }
-    let mut answering = answering
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the answering server")?;
-    let mut ready = String::new();
-    BufReader::new(answering.stdout.take().context("server stdout")?).read_line(&mut ready)?;
-    if !ready.starts_with("ready") {
-        let _ = answering.kill();
-        bail!("the answering server did not start: {ready:?}");
-    }
+    let mut answering = crate::shaping::spawn_ready(answering, "answering server")?;
     let report_path = work.join("exchange.json");
     let before = lab.emulator().stats()?;
     let mut client = lab.command(Node::Client, binary);

@@ -500,7 +500,7 @@ fn run_case(case: ShapingCase, by: Shaper, seconds: f64, binary: &Path) -> Resul
 }
 
 /// Starts `command` with its standard output piped and waits for its "ready" line.
-fn spawn_ready(mut command: Command, what: &str) -> Result<Child> {
+pub(crate) fn spawn_ready(mut command: Command, what: &str) -> Result<Child> {
     let mut child = command
         .stdout(Stdio::piped())
         .spawn()
