@@ -197,6 +197,8 @@ pub struct Adaptive {
     pattern: LossPattern,
     /// The last drain's packets, until their losses are known (see [`DrainSpan`]).
     drain: Option<DrainSpan>,
+    /// When the last ACK frame was taken: the losses it revealed have been reported since.
+    last_ack: Instant,
     /// See [`Adaptive::line_loss`]: the bytes drains sent and lost, each decayed over
     /// [`LINE_LOSS_MEMORY`], and all the bytes they sent.
     line_sent: f64,
@@ -239,6 +241,7 @@ impl Adaptive {
             in_flight: 0,
             pattern: LossPattern::new(),
             drain: None,
+            last_ack: now,
             line_sent: 0.0,
             line_lost: 0.0,
             line_bytes: 0,
@@ -349,7 +352,7 @@ impl Adaptive {
             _ if draining => {
                 // The drain before teaches if its fate is known; if not (a verdict started
                 // this one), nothing: a verdict came while it awaited its losses.
-                self.learn_line_loss_after(now);
+                self.learn_line_loss_after(self.last_ack);
                 self.drain = Some(DrainSpan {
                     start: now,
                     end: None,
@@ -362,13 +365,16 @@ impl Adaptive {
         }
     }
 
-    /// Folds the last drain into the line's loss rate once its packets' fate is known:
-    /// `now` at least two minimum RTTs and the peer's ACK delay after it ended.
-    fn learn_line_loss_after(&mut self, now: Instant) {
+    /// Folds the last drain into the line's loss rate once its packets' fate is known: an
+    /// ACK frame taken at `acked`, at least two minimum RTTs and the peer's ACK delay after
+    /// the drain ended, has had its losses reported. The recovery tells the controller of an
+    /// ACK before the losses it reveals, so the ACK that comes after a long silence must not
+    /// fold the drain itself: its losses would be left out.
+    fn learn_line_loss_after(&mut self, acked: Instant) {
         let settle = 2 * self.min_rtt + self.peer_ack_delay;
         let Some(span) = self
             .drain
-            .take_if(|span| span.end.is_some_and(|end| now >= end + settle))
+            .take_if(|span| span.end.is_some_and(|end| acked >= end + settle))
         else {
             return;
         };
@@ -509,6 +515,9 @@ impl Controller for Adaptive {
     }
 
     fn on_ack(&mut self, now: Instant, ack: &AckEvent<'_>) {
+        // The last ACK's losses are in now; this one's come after this call.
+        self.learn_line_loss_after(self.last_ack);
+        self.last_ack = now;
         self.in_flight = ack.in_flight;
         if let Some(sample) = ack.rtt_sample {
             self.update_min_rtt(now, sample);
@@ -536,7 +545,6 @@ impl Controller for Adaptive {
             }
         }
         self.advance_phase(now);
-        self.learn_line_loss_after(now);
         self.update_outputs();
     }
 
@@ -872,14 +880,17 @@ mod tests {
             start + 125 * MS,
             &lost(later.iter().copied(), start + 20 * MS),
         );
-        on_loss(&mut c, start + 130 * MS, &losses);
         on_ack(&mut c, start + 200 * MS, 12_500_000, false);
+        // The first ACK after a silence past the drain's settling time (2 RTT and the ACK
+        // delay: 236 ms) reveals its losses, reported after the ACK itself.
+        on_ack(&mut c, start + 240 * MS, 12_500_000, false);
         assert_eq!(
             c.line_loss(),
             None,
             "learned before the drain's losses were all known"
         );
-        on_ack(&mut c, start + 240 * MS, 12_500_000, false);
+        on_loss(&mut c, start + 240 * MS, &losses);
+        on_ack(&mut c, start + 250 * MS, 12_500_000, false);
         c.line_loss()
     }
 
