@@ -34,12 +34,16 @@
 //!   a Level II, exclusive or batch oplock, or with a lease that caches reads (its end of
 //!   file from the CREATE answer), or,
 //!   with a validity window ([`Far::set_validity`]), one others may write: near then gives
-//!   its answers only within the window (each ANNOUNCE says how long), and far keeps no
-//!   more than a kibibyte per millisecond of the window ahead of the client, so that what
-//!   it reads ahead does not queue on its way for longer than the window on paths of 8
-//!   Mbit/s or more. One file at a time, while the READs predicted and not consumed stay
-//!   within `window` bytes ([`Far::set_window`]), never past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an oplock or lease break
-//!   from the server, or a READ that is not the predicted one stops it. The same files are
+//!   its answers only within the window (each ANNOUNCE says how long), and far keeps
+//!   ahead of the client what it takes in half the window at the rate near last reported
+//!   it taking answers (CONSUMED, over a quarter of the window), and at least a kibibyte
+//!   per millisecond of the window: what it reads ahead does not queue on its way for
+//!   longer than half the window while the path carries what it carried, nor longer than
+//!   the window at the floor on paths of 8 Mbit/s or more. One file at a time, while the
+//!   READs predicted and not consumed stay within `window` bytes ([`Far::set_window`]),
+//!   never past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an
+//!   oplock or lease break from the server, or a READ that is not the predicted one stops
+//!   it. The same files are
 //!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
 //!   forgotten at its CLOSE; a script holds at most [`MAX_SCRIPT_QUERIES`] queries; requests waiting for credits are bounded by the client's own
@@ -69,6 +73,45 @@ pub const MAX_PREDICTIONS: usize = 1024;
 /// Open files far keeps track of at most per session (past it, a file opened is not read
 /// ahead).
 pub const MAX_FILES: usize = 1024;
+
+/// Far measures the rate the client takes its answers at over intervals of this part of
+/// the validity window.
+const UPTAKE_INTERVALS: u32 = 4;
+
+/// The rate the client takes the answers far read ahead at: the READ bytes near reports
+/// consumed, by far's clock, over the last whole interval.
+#[derive(Debug, Default)]
+struct Uptake {
+    /// Far's clock (ms) when the current interval began: the first report after the
+    /// last interval ended.
+    since: Option<u64>,
+    /// Bytes reported since.
+    bytes: u64,
+    /// Bytes per second over the last interval (0 before one).
+    rate: u64,
+}
+
+impl Uptake {
+    /// Near reports `bytes` consumed; far's clock reads `now` (`None`: far has none, and
+    /// nothing is measured). An interval ends at the first report `interval` ms or more
+    /// after it began: one across a pause of the client's is long and gives a low rate.
+    fn consumed(&mut self, now: Option<u64>, bytes: u64, interval: u64) {
+        let Some(now) = now else {
+            return;
+        };
+        let Some(since) = self.since else {
+            self.since = Some(now);
+            return;
+        };
+        self.bytes = self.bytes.saturating_add(bytes);
+        let elapsed = now.saturating_sub(since);
+        if elapsed >= interval {
+            self.rate = self.bytes.saturating_mul(1000) / elapsed;
+            self.since = Some(now);
+            self.bytes = 0;
+        }
+    }
+}
 
 /// What a request sent to the server was.
 #[derive(Debug)]
@@ -230,6 +273,8 @@ pub struct Far {
     validity_ms: u32,
     /// The time, as the gateway says ([`Far::set_now`]): PREFETCHED carries it.
     clock: Clock,
+    /// How fast the client takes what far reads ahead.
+    uptake: Uptake,
     window_end: u64,
     /// By server id.
     pending: HashMap<u64, Pending>,
@@ -270,6 +315,7 @@ impl Far {
             window,
             validity_ms: 0,
             clock: Clock::default(),
+            uptake: Uptake::default(),
             window_end: 1,
             pending: HashMap::new(),
             predictions: Outstanding::default(),
@@ -632,6 +678,9 @@ impl Far {
 
     /// The client has had the answer to the prediction with `key`.
     fn consumed(&mut self, key: &Key) {
+        let interval = u64::from(self.validity_ms / UPTAKE_INTERVALS).max(1);
+        self.uptake
+            .consumed(self.clock.ms(), u64::from(key.read_length()), interval);
         if let Key::Read(read) = key
             && let Some(file) = self.files.get_mut(&read.file_id)
         {
@@ -1141,14 +1190,17 @@ impl Far {
     }
 
     /// The bytes far may have ahead of the client for a file whose answers near may hold
-    /// `valid_ms` (0: as long as predictions stand): a kibibyte per millisecond of a
-    /// window, within the window far was given.
+    /// `valid_ms` (0: as long as predictions stand), within the window far was given:
+    /// what the client took in half as long at the rate it last took answers, and at
+    /// least a kibibyte per millisecond of the window (before that rate is known, or
+    /// when it is slow: a client that paused, or one that only begins).
     fn window_for(&self, valid_ms: u32) -> u64 {
         if valid_ms == 0 {
-            self.window
-        } else {
-            self.window.min(u64::from(valid_ms) << 10)
+            return self.window;
         }
+        let floor = u64::from(valid_ms) << 10;
+        let taken = self.uptake.rate.saturating_mul(u64::from(valid_ms)) / 2000;
+        self.window.min(floor.max(taken))
     }
 
     /// Whether far may act ahead of the client: the session is judged unsigned and far
@@ -1201,5 +1253,32 @@ fn feed(observer: &mut Observer, direction: Direction, payload: &[u8]) {
     if let Some(header) = frame_header(payload.len()) {
         observer.feed(direction, &header);
         observer.feed(direction, payload);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Uptake;
+
+    /// The rate is the bytes reported over a whole interval, the report that opens the
+    /// first one not counted; an interval across a pause gives the pause's low rate, and
+    /// without a clock nothing is measured.
+    #[test]
+    fn uptake_is_measured_over_whole_intervals() {
+        let mut u = Uptake::default();
+        u.consumed(Some(1000), 65_536, 250);
+        assert_eq!(u.rate, 0, "one report is no interval");
+        for ms in [1100, 1200] {
+            u.consumed(Some(ms), 1 << 20, 250);
+        }
+        assert_eq!(u.rate, 0, "200 ms is not yet an interval");
+        u.consumed(Some(1250), 1 << 20, 250);
+        // 3 MiB in 250 ms.
+        assert_eq!(u.rate, 12_582_912);
+        // The client paused for 10 s, then took 1 MiB.
+        u.consumed(Some(11_250), 1 << 20, 250);
+        assert_eq!(u.rate, 104_857);
+        u.consumed(None, 1 << 30, 250);
+        assert_eq!(u.rate, 104_857);
     }
 }
