@@ -5,7 +5,9 @@
 //! - `--smb-file-mib N`: one file of N MiB, read keeping exactly one READ of
 //!   `--smb-read-kib` outstanding, the way a file client that waits for each answer does
 //!   (smbprotocol, from a virtual environment under `target/tools`); with `--smb-client
-//!   smbclient`, Samba's own client instead (`get`: several READs outstanding).
+//!   smbclient`, Samba's own client instead (`get`: several READs outstanding); with
+//!   `--smb-client smbprotocol-share-write`, the one-READ client opening the file as one
+//!   others may write, with no oplock (read ahead only within `--smb-validity-ms`).
 //! - `--smb-files N`: N files of `--smb-file-kib` each, one after another in one session
 //!   (CREATE, READs, CLOSE), by the one-READ client (`--smb-client smbprotocol-compound`:
 //!   each CREATE compounded with a QUERY_INFO, as Windows opens files), or with
@@ -39,6 +41,10 @@ pub(crate) enum Client {
     /// The same, each file opened as Windows opens one: CREATE and QUERY_INFO in one
     /// compound request.
     SmbprotocolCompound,
+    /// The one-READ client opening each file letting others write it and asking no
+    /// oplock or lease (as Samba's smbclient and most scripted clients open files): far
+    /// reads such files ahead only within `--smb-validity-ms`.
+    SmbprotocolShareWrite,
     /// Samba's smbclient (`get`): several READs outstanding.
     Smbclient,
     /// Samba's smbclient writing the file (`put`): several WRITEs outstanding.
@@ -195,8 +201,19 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
     drop(file);
     let want = hex(digest.finish().as_ref());
     let report = match case.client {
-        Client::Smbprotocol => smbprotocol(case, &lab, python, &work, server, &names, false),
-        Client::SmbprotocolCompound => smbprotocol(case, &lab, python, &work, server, &names, true),
+        Client::Smbprotocol => smbprotocol(case, &lab, python, &work, server, &names, &[]),
+        Client::SmbprotocolCompound => {
+            smbprotocol(case, &lab, python, &work, server, &names, &["--compound"])
+        }
+        Client::SmbprotocolShareWrite => smbprotocol(
+            case,
+            &lab,
+            python,
+            &work,
+            server,
+            &names,
+            &["--share-write"],
+        ),
         Client::Smbclient => smbclient(case, &lab, &samba, &work, server, &names, false),
         Client::SmbclientPut => smbclient(case, &lab, &samba, &work, server, &names, true),
     };
@@ -258,8 +275,8 @@ fn run_case(case: &SmbCase, binary: &Path, python: &Path) -> Result<SmbRecord> {
     })
 }
 
-/// Reads `names` with the one-READ client (smbprotocol), each file opened by a CREATE
-/// alone or compounded with a QUERY_INFO.
+/// Reads `names` with the one-READ client (smbprotocol), given `flags` (`smb_read.py`'s:
+/// `--compound`, `--share-write`).
 fn smbprotocol(
     case: &SmbCase,
     lab: &Lab,
@@ -267,14 +284,14 @@ fn smbprotocol(
     work: &Path,
     server: std::net::IpAddr,
     names: &[String],
-    compound: bool,
+    flags: &[&str],
 ) -> Result<ClientReport> {
     let script = work.join("smb_read.py");
     std::fs::write(&script, include_str!("smb_read.py"))?;
     let out = lab
         .command(Node::Client, python)
         .arg(&script)
-        .args(compound.then_some("--compound"))
+        .args(flags)
         .args([
             &server.to_string(),
             "pub",
@@ -489,6 +506,13 @@ impl SmbRecord {
             Client::SmbprotocolCompound => {
                 format!("{} × {size}, CREATE+QUERY_INFO compounds", self.files)
             }
+            Client::SmbprotocolShareWrite if self.files == 1 => {
+                format!(
+                    "{size}, {} KiB READs, others may write",
+                    self.read_bytes >> 10
+                )
+            }
+            Client::SmbprotocolShareWrite => format!("{} × {size}, others may write", self.files),
         }
     }
 
