@@ -348,9 +348,22 @@ pub struct Client {
     pub share_access: u32,
     /// How long it takes to send its next request once an answer is in, µs.
     pub think_us: u64,
+    /// Once, after this many READs answered: a pause this long (µs) before the next
+    /// request, beside `think_us`.
+    pub pause: Option<(usize, u64)>,
 }
 
 impl Client {
+    /// How long it waits before a request it sends now: its thinking, and the pause if
+    /// this is when it comes.
+    pub fn wait_us(&mut self) -> u64 {
+        let pause = self
+            .pause
+            .take_if(|&mut (after, _)| after == self.reads)
+            .map_or(0, |(_, us)| us);
+        self.think_us + pause
+    }
+
     pub fn request(&mut self, command: Command, credits: u16, body: &[u8]) -> Vec<u8> {
         self.charged(command, 1, credits, body)
     }
@@ -742,6 +755,7 @@ pub fn parties(len: usize, read_len: u32) -> (Client, Server) {
         query_at: 0,
         share_access: 1,
         think_us: 0,
+        pause: None,
     };
     (client, server)
 }

@@ -36,14 +36,19 @@
 //!   with a validity window ([`Far::set_validity`]), one others may write: near then gives
 //!   its answers only within the window (each ANNOUNCE says how long), and far keeps
 //!   ahead of the client what it takes in half the window at the rate near last reported
-//!   it taking answers (CONSUMED, over a quarter of the window), and at least a kibibyte
-//!   per millisecond of the window: what it reads ahead does not queue on its way for
-//!   longer than half the window while the path carries what it carried, nor longer than
-//!   the window at the floor on paths of 8 Mbit/s or more. One file at a time, while the
-//!   READs predicted and not consumed stay within `window` bytes ([`Far::set_window`]),
-//!   never past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an
-//!   oplock or lease break from the server, or a READ that is not the predicted one stops
-//!   it. The same files are
+//!   it taking answers (CONSUMED, over a quarter of the window, at most twice the rate
+//!   before), and at least a kibibyte per millisecond of the window (the
+//!   floor, again after a miss or a window in which the client took nothing): what it
+//!   reads ahead does not queue on its way for longer than half the window while the
+//!   session's share of the path carries what the client took (in the client's bytes:
+//!   data that compresses less than what was measured queues longer), nor longer than the
+//!   window at the floor on paths of 8 Mbit/s or more; past that, answers expire at near,
+//!   a miss, and far measures again from the floor. One file at a time, while the READs
+//!   predicted and not consumed stay within `window` bytes ([`Far::set_window`]), never
+//!   past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an oplock
+//!   or lease break from the server, or a READ that is not the predicted one stops it; a
+//!   miss stops it too, until the client, reading one READ at a time, asks two blocks in a
+//!   row itself (read-ahead then resumes from there, with fresh ids). The same files are
 //!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
 //!   forgotten at its CLOSE; a script holds at most [`MAX_SCRIPT_QUERIES`] queries; requests waiting for credits are bounded by the client's own
@@ -78,8 +83,16 @@ pub const MAX_FILES: usize = 1024;
 /// the validity window.
 const UPTAKE_INTERVALS: u32 = 4;
 
+/// The rate at which what far keeps ahead of a reader is its floor, a kibibyte per
+/// millisecond of the window (bytes a second: that rate for half the window).
+const FLOOR_RATE: u64 = 2 * 1024 * 1000;
+
 /// The rate the client takes the answers far read ahead at: the READ bytes near reports
-/// consumed, by far's clock, over the last whole interval.
+/// consumed, by far's clock, over the last whole interval, at most twice the rate before
+/// it (or the floor's): a client that takes at once answers near had been holding reads
+/// faster than the path brought them, and the amount ahead grows at most twofold an
+/// interval, so that a rate too high shows in a few answers (dropped, a miss) rather than
+/// in a window's worth.
 #[derive(Debug, Default)]
 struct Uptake {
     /// Far's clock (ms) when the current interval began: the first report after the
@@ -106,9 +119,19 @@ impl Uptake {
         self.bytes = self.bytes.saturating_add(bytes);
         let elapsed = now.saturating_sub(since);
         if elapsed >= interval {
-            self.rate = self.bytes.saturating_mul(1000) / elapsed;
+            let measured = self.bytes.saturating_mul(1000) / elapsed;
+            self.rate = measured.min(2 * self.rate.max(FLOOR_RATE));
             self.since = Some(now);
             self.bytes = 0;
+        }
+    }
+
+    /// The rate at `now`, if an interval ended within `stale` ms of it: a client that has
+    /// taken nothing for that long (paused, or done with a file) starts from the floor.
+    fn rate(&self, now: Option<u64>, stale: u64) -> u64 {
+        match (now, self.since) {
+            (Some(now), Some(since)) if now.saturating_sub(since) <= stale => self.rate,
+            _ => 0,
         }
     }
 }
@@ -190,8 +213,14 @@ struct File {
     /// How long near may hold an answer about it, ms: 0 if other writers are kept out,
     /// the validity window if not.
     valid_ms: u32,
-    /// Read-ahead stopped for good.
+    /// Read-ahead stopped: for good, unless `resumable`.
     stopped: bool,
+    /// Stopped by a miss (a prediction's id spent, an answer dropped at near), not by the
+    /// file, the server or a request that changes it: read-ahead resumes once the client
+    /// reads on sequentially by itself.
+    resumable: bool,
+    /// Where the client's last READ of it that reached far ended.
+    client_end: Option<u64>,
     /// The READ predictions copy, once the client has read: header and body.
     template: Option<(Header, ReadRequest)>,
     /// The next prediction's offset and id.
@@ -754,6 +783,15 @@ impl Far {
     /// A client READ reached far (near had no prediction for it).
     fn client_read(&mut self, header: &Header, read: &ReadRequest) {
         let unsigned = self.observer.verdict() == Verdict::Unsigned;
+        // This READ is the only one of the client's at the server: it reads one at a time
+        // (one that keeps several outstanding has sent more that far has not seen yet,
+        // which a prediction must not take ids from).
+        let alone = self
+            .pending
+            .values()
+            .filter(|p| matches!(p, Pending::Client { command, .. } if *command == Command::READ))
+            .count()
+            == 1;
         let charge = charge_of(header.credit_charge);
         let Some(file) = self.files.get_mut(&read.file_id) else {
             return;
@@ -803,9 +841,35 @@ impl Far {
                 file.next_id = header.message_id.saturating_add(charge);
                 file.confirmed = true;
             }
-            Some(_) => file.stopped = true,
+            Some((_, template)) if file.stopped && file.resumable => {
+                // After a miss the client's READs all reach far: the second of two in a
+                // row, of the block read ahead before, from a client that reads one at a
+                // time, starts read-ahead again (the ids are fresh by then, the
+                // predictions' too).
+                let in_row = file.client_end == Some(read.offset);
+                if unsigned
+                    && alone
+                    && in_row
+                    && read.length == template.length
+                    && self.active.is_none_or(|a| a == read.file_id)
+                {
+                    file.template = Some((*header, *read));
+                    file.next_offset = next;
+                    file.next_id = header.message_id.saturating_add(charge);
+                    file.confirmed = true;
+                    file.stopped = false;
+                    file.resumable = false;
+                    self.active = Some(read.file_id);
+                    self.stats.resumed += 1;
+                }
+            }
+            Some(_) => {
+                file.stopped = true;
+                file.resumable = false;
+            }
             None => {}
         }
+        file.client_end = Some(next);
     }
 
     /// A CREATE answered (the client's `client_id`): the file, its end, whether it may be
@@ -832,6 +896,8 @@ impl Far {
                 eligible,
                 valid_ms: if protected { 0 } else { self.validity_ms },
                 stopped: false,
+                resumable: false,
+                client_end: None,
                 template: None,
                 next_offset: 0,
                 next_id: 0,
@@ -1030,6 +1096,7 @@ impl Far {
         {
             // The end of the file, or an error: nothing further to read ahead.
             file.stopped = true;
+            file.resumable = false;
         }
         match claimed {
             Some(Claimed { asked, .. }) => {
@@ -1128,10 +1195,14 @@ impl Far {
             self.stats.missed += 1;
             self.stats.missed_bytes += u64::from(key.read_length());
             if let Some(file) = self.files.get_mut(&key.file_id()) {
+                file.resumable = !file.stopped || file.resumable;
                 file.stopped = true;
             }
         }
         self.script = None;
+        // The rate may have been too high (answers outlived their window): measured again
+        // from the floor.
+        self.uptake = Uptake::default();
         // What the played files' clients sent is partly unknown here (near answered it):
         // the next file opened teaches.
         for file in self.files.values_mut() {
@@ -1142,6 +1213,7 @@ impl Far {
     fn stop_all(&mut self) {
         for file in self.files.values_mut() {
             file.stopped = true;
+            file.resumable = false;
         }
         self.active = None;
     }
@@ -1191,15 +1263,17 @@ impl Far {
 
     /// The bytes far may have ahead of the client for a file whose answers near may hold
     /// `valid_ms` (0: as long as predictions stand), within the window far was given:
-    /// what the client took in half as long at the rate it last took answers, and at
-    /// least a kibibyte per millisecond of the window (before that rate is known, or
-    /// when it is slow: a client that paused, or one that only begins).
+    /// what the client takes in half as long at the rate it last took answers
+    /// ([`Uptake`]), and at least a kibibyte per millisecond of the window (before that
+    /// rate is known, after a miss, when the client took nothing for a window, or when
+    /// it is slow).
     fn window_for(&self, valid_ms: u32) -> u64 {
         if valid_ms == 0 {
             return self.window;
         }
         let floor = u64::from(valid_ms) << 10;
-        let taken = self.uptake.rate.saturating_mul(u64::from(valid_ms)) / 2000;
+        let rate = self.uptake.rate(self.clock.ms(), u64::from(valid_ms));
+        let taken = rate.saturating_mul(u64::from(valid_ms)) / 2000;
         self.window.min(floor.max(taken))
     }
 
@@ -1261,8 +1335,9 @@ mod tests {
     use super::Uptake;
 
     /// The rate is the bytes reported over a whole interval, the report that opens the
-    /// first one not counted; an interval across a pause gives the pause's low rate, and
-    /// without a clock nothing is measured.
+    /// first one not counted, at most twice the last (or the floor's); it is none once
+    /// nothing was taken for a window; an interval across a pause gives the pause's low
+    /// rate, and without a clock nothing is measured.
     #[test]
     fn uptake_is_measured_over_whole_intervals() {
         let mut u = Uptake::default();
@@ -1273,10 +1348,16 @@ mod tests {
         }
         assert_eq!(u.rate, 0, "200 ms is not yet an interval");
         u.consumed(Some(1250), 1 << 20, 250);
-        // 3 MiB in 250 ms.
-        assert_eq!(u.rate, 12_582_912);
+        // 3 MiB in 250 ms (12.6 MB/s), at most twice the floor's rate.
+        assert_eq!(u.rate, 4_096_000);
+        assert_eq!(u.rate(Some(2250), 1000), 4_096_000);
+        assert_eq!(u.rate(Some(2251), 1000), 0, "nothing taken for a window");
+        // 3 MiB in the next 250 ms: twice the last.
+        u.consumed(Some(1300), 3 << 20, 250);
+        u.consumed(Some(1500), 0, 250);
+        assert_eq!(u.rate, 8_192_000);
         // The client paused for 10 s, then took 1 MiB.
-        u.consumed(Some(11_250), 1 << 20, 250);
+        u.consumed(Some(11_500), 1 << 20, 250);
         assert_eq!(u.rate, 104_857);
         u.consumed(None, 1 << 30, 250);
         assert_eq!(u.rate, 104_857);

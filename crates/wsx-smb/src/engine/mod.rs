@@ -258,6 +258,9 @@ pub struct EngineStats {
     /// Of the misses, predictions whose answer near held past its validity window (the
     /// client asked too late): the client's request went to the server after all.
     pub expired: u64,
+    /// Files whose read-ahead a miss had stopped and the client's sequential READs
+    /// started again.
+    pub resumed: u64,
 }
 
 #[cfg(test)]
