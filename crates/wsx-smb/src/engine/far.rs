@@ -48,7 +48,8 @@
 //!   past its end. WRITE, SET_INFO, FLUSH, LOCK, IOCTL or CLOSE from the client, an oplock
 //!   or lease break from the server, or a READ that is not the predicted one stops it; a
 //!   miss stops it too, until the client, reading one READ at a time, asks two blocks in a
-//!   row itself (read-ahead then resumes from there, with fresh ids). The same files are
+//!   row itself (read-ahead then resumes from there, with fresh ids; at most
+//!   [`MAX_RESUMES`] times a file). The same files are
 //!   opened ahead (a directory gets its QUERY_INFOs, no READ).
 //! - **Memory.** Predictions are bounded by the window and [`MAX_PREDICTIONS`]; a file is
 //!   forgotten at its CLOSE; a script holds at most [`MAX_SCRIPT_QUERIES`] queries; requests waiting for credits are bounded by the client's own
@@ -75,6 +76,10 @@ const FILE_SHARE_WRITE: u32 = 0x2;
 const FILE_ATTRIBUTE_DIRECTORY: u32 = 0x10;
 /// Predictions outstanding at most per session, whatever the window.
 pub const MAX_PREDICTIONS: usize = 1024;
+/// Times a file's read-ahead resumes after a miss at most: a client that reads at
+/// random, now and then two blocks in a row, would otherwise have a window read ahead for
+/// nothing at each.
+pub const MAX_RESUMES: u8 = 3;
 /// Open files far keeps track of at most per session (past it, a file opened is not read
 /// ahead).
 pub const MAX_FILES: usize = 1024;
@@ -221,6 +226,8 @@ struct File {
     resumable: bool,
     /// Where the client's last READ of it that reached far ended.
     client_end: Option<u64>,
+    /// Times read-ahead resumed on it ([`MAX_RESUMES`]).
+    resumes: u8,
     /// The READ predictions copy, once the client has read: header and body.
     template: Option<(Header, ReadRequest)>,
     /// The next prediction's offset and id.
@@ -850,6 +857,7 @@ impl Far {
                 if unsigned
                     && alone
                     && in_row
+                    && file.resumes < MAX_RESUMES
                     && read.length == template.length
                     && self.active.is_none_or(|a| a == read.file_id)
                 {
@@ -859,6 +867,7 @@ impl Far {
                     file.confirmed = true;
                     file.stopped = false;
                     file.resumable = false;
+                    file.resumes += 1;
                     self.active = Some(read.file_id);
                     self.stats.resumed += 1;
                 }
@@ -898,6 +907,7 @@ impl Far {
                 stopped: false,
                 resumable: false,
                 client_end: None,
+                resumes: 0,
                 template: None,
                 next_offset: 0,
                 next_id: 0,

@@ -973,6 +973,43 @@ fn read_ahead_resumes_after_a_miss_once_the_client_reads_on() {
     assert!(run.finished_ms < 4500, "{} ms", run.finished_ms);
 }
 
+/// A client reading at random, each time two blocks in a row, on a protected file: each
+/// jump takes a predicted id for another READ (a miss), each pair would resume
+/// read-ahead; it resumes at most [`super::far::MAX_RESUMES`] times, and every answer
+/// the client gets is the server's.
+#[test]
+fn read_ahead_resumes_a_bounded_number_of_times() {
+    let block = 64u32 << 10;
+    let run = run(4 << 20, block, 100, 1 << 20, |c, s| {
+        let mut script = VecDeque::new();
+        for k in [0u64, 40, 8, 30, 16, 50, 2, 24, 44, 12] {
+            for i in 0..2 {
+                let offset = (k + i) * u64::from(block);
+                script.push_back(Op::Read { offset, len: block });
+            }
+        }
+        c.script = Some((script, s.file.clone()));
+    });
+    assert!(
+        run.server_violations.is_empty(),
+        "{:?}",
+        run.server_violations
+    );
+    assert!(
+        run.client_violations.is_empty(),
+        "{:?}",
+        run.client_violations
+    );
+    assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
+    assert!(run.far.missed > 3, "{:?}", run.far);
+    assert_eq!(
+        run.far.resumed,
+        u64::from(super::far::MAX_RESUMES),
+        "{:?}",
+        run.far
+    );
+}
+
 /// A file others may write, opened with a lease that caches reads (as Windows clients open
 /// files), is read ahead as one under an oplock: without a validity window, its answers
 /// given at near whenever the client asks. A lease without read caching protects nothing.
