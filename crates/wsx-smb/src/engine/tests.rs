@@ -202,11 +202,8 @@ fn run_on(
     }
 }
 
-fn check(run: &Run) {
-    eprintln!(
-        "finished at {} ms; far {:?}; near {:?}",
-        run.finished_ms, run.far, run.near
-    );
+/// Neither the server nor the client saw the protocol broken.
+fn no_violations(run: &Run) {
     assert!(
         run.server_violations.is_empty(),
         "server: {:?}",
@@ -217,6 +214,14 @@ fn check(run: &Run) {
         "client: {:?}",
         run.client_violations
     );
+}
+
+fn check(run: &Run) {
+    eprintln!(
+        "finished at {} ms; far {:?}; near {:?}",
+        run.finished_ms, run.far, run.near
+    );
+    no_violations(run);
     assert!(
         run.data == run.file,
         "the client read the file as the server has it"
@@ -990,16 +995,7 @@ fn read_ahead_resumes_a_bounded_number_of_times() {
         }
         c.script = Some((script, s.file.clone()));
     });
-    assert!(
-        run.server_violations.is_empty(),
-        "{:?}",
-        run.server_violations
-    );
-    assert!(
-        run.client_violations.is_empty(),
-        "{:?}",
-        run.client_violations
-    );
+    no_violations(&run);
     assert!(run.finished_ms < u64::MAX / 1000, "the client finished");
     assert!(run.far.missed > 3, "{:?}", run.far);
     assert_eq!(
