@@ -790,15 +790,6 @@ impl Far {
     /// A client READ reached far (near had no prediction for it).
     fn client_read(&mut self, header: &Header, read: &ReadRequest) {
         let unsigned = self.observer.verdict() == Verdict::Unsigned;
-        // This READ is the only one of the client's at the server: it reads one at a time
-        // (one that keeps several outstanding has sent more that far has not seen yet,
-        // which a prediction must not take ids from).
-        let alone = self
-            .pending
-            .values()
-            .filter(|p| matches!(p, Pending::Client { command, .. } if *command == Command::READ))
-            .count()
-            == 1;
         let charge = charge_of(header.credit_charge);
         let Some(file) = self.files.get_mut(&read.file_id) else {
             return;
@@ -854,12 +845,21 @@ impl Far {
                 // time, starts read-ahead again (the ids are fresh by then, the
                 // predictions' too).
                 let in_row = file.client_end == Some(read.offset);
+                // This READ is the only one of the client's at the server: it reads one at
+                // a time (one that keeps several outstanding has sent more that far has
+                // not seen yet, which a prediction must not take ids from).
+                let alone = || {
+                    let reads = self.pending.values().filter(
+                        |p| matches!(p, Pending::Client { command, .. } if *command == Command::READ),
+                    );
+                    reads.count() == 1
+                };
                 if unsigned
-                    && alone
                     && in_row
                     && file.resumes < MAX_RESUMES
                     && read.length == template.length
                     && self.active.is_none_or(|a| a == read.file_id)
+                    && alone()
                 {
                     file.template = Some((*header, *read));
                     file.next_offset = next;
