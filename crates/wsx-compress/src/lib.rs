@@ -75,6 +75,11 @@ impl Encoded {
         }
     }
 
+    /// Whether the chunk went out as it came: its payload is its plain bytes.
+    pub fn is_stored(self) -> bool {
+        !matches!(self, Encoded::Deflated { .. })
+    }
+
     /// Bytes the chunk took on the stream, header included.
     pub fn wire(self) -> usize {
         match self {
@@ -111,17 +116,32 @@ impl Compressor {
     /// # Panics
     /// If `plain` is longer than [`MAX_CHUNK`].
     pub fn encode(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Encoded {
+        let chunk = self.encode_head(plain, out);
+        if chunk.is_stored() {
+            out.extend_from_slice(plain);
+        }
+        chunk
+    }
+
+    /// As [`Self::encode`], except that a stored chunk's payload is left to the caller:
+    /// only its header is appended, and `plain` itself must follow it on the stream. A
+    /// writer that has somewhere to put `plain` directly (a stream's send buffer) saves a
+    /// copy of every stored byte.
+    ///
+    /// # Panics
+    /// If `plain` is longer than [`MAX_CHUNK`].
+    pub fn encode_head(&mut self, plain: &[u8], out: &mut Vec<u8>) -> Encoded {
         assert!(plain.len() <= MAX_CHUNK, "chunk of {} bytes", plain.len());
         if self.level == 0 || plain.len() < MIN_DEFLATE {
-            return store(plain, out);
+            return store_head(plain, out);
         }
         if self.skip > 0 {
             self.skip -= 1;
-            return store(plain, out);
+            return store_head(plain, out);
         }
         if entropy(plain) > ENTROPY_LIMIT {
             self.back_off();
-            return store(plain, out);
+            return store_head(plain, out);
         }
         let start = out.len();
         out.extend_from_slice(&[KIND_DEFLATE, 0, 0, 0, 0]);
@@ -139,7 +159,7 @@ impl Compressor {
             None => {
                 out.truncate(start);
                 self.back_off();
-                store(plain, out);
+                store_head(plain, out);
                 Encoded::Incompressible { plain: plain.len() }
             }
         }
@@ -151,10 +171,10 @@ impl Compressor {
     }
 }
 
-fn store(plain: &[u8], out: &mut Vec<u8>) -> Encoded {
+/// A stored chunk's header for `plain`; the payload, `plain` as it is, follows it.
+fn store_head(plain: &[u8], out: &mut Vec<u8>) -> Encoded {
     out.push(KIND_STORED);
     out.extend_from_slice(&(plain.len() as u16).to_be_bytes());
-    out.extend_from_slice(plain);
     Encoded::Stored { plain: plain.len() }
 }
 
@@ -474,6 +494,28 @@ mod tests {
         let mut expect = text(63, 6);
         expect.extend_from_slice(&words);
         assert_eq!(decode_all(&out), Ok(expect));
+    }
+
+    #[test]
+    fn a_head_and_the_plain_bytes_after_it_are_the_chunk() {
+        // Text, noise (stored after the entropy check), a short piece, and text deflate
+        // cannot shrink (tried, then stored): each kind of chunk, and the back-off between.
+        let mut pieces = vec![text(MAX_CHUNK, 7), random(MAX_CHUNK, 8), text(40, 9)];
+        let mut rng = fastrand_like(10);
+        pieces.push((0..MAX_CHUNK).map(|_| (rng() % 180) as u8).collect());
+        pieces.push(text(MAX_CHUNK, 11));
+        let (mut whole, mut split) = (Compressor::new(1), Compressor::new(1));
+        let (mut expect, mut got) = (Vec::new(), Vec::new());
+        for piece in &pieces {
+            let chunk = whole.encode(piece, &mut expect);
+            let head = split.encode_head(piece, &mut got);
+            assert_eq!(chunk, head);
+            if head.is_stored() {
+                got.extend_from_slice(piece);
+            }
+        }
+        assert_eq!(got, expect);
+        assert_eq!(decode_all(&got), Ok(pieces.concat()));
     }
 
     #[test]

@@ -7,20 +7,24 @@
 //! `compression` setting), and reads whatever arrives.
 //!
 //! ```text
-//!  relay write ─> cut at 16 KiB ─> Compressor (entropy check, deflate or store) ─> out ─> stream
+//!  relay write ─> cut at 16 KiB ─> Compressor (entropy check) ─┬─ store: header, then the
+//!                                                              │  relay's bytes ─> stream
+//!                                                              └─ deflate ─> out ─> stream
 //!  stream ─> header ─┬─ stored: read straight into the relay's buffer
 //!                    └─ deflated: payload ─> inflate into the relay's buffer
 //! ```
 //!
-//! Memory per session, while data moves: the encoded chunk waiting for the stream (up to
+//! Memory per session, while data moves: a deflated chunk waiting for the stream (up to
 //! 18.5 KiB: deflate is given its worst case), and a deflated payload being collected (up
-//! to 16 KiB). A stored chunk is never copied on the way in; a deflated one is inflated
+//! to 16 KiB). A stored chunk is copied once on the way out, from the relay's buffer into
+//! the stream's send buffer together with its header (one vectored write), and never on
+//! the way in; a deflated one is inflated
 //! straight into the reader's buffer when it has room (the relay's always does when the
 //! chunk is the first of a read: a read that already holds data stops before a chunk that
 //! does not fit), else through a third buffer of up to 16 KiB.
 
 use crate::relay::Side;
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,9 +140,13 @@ pub(crate) struct Chunked<S> {
     inner: S,
     compressor: Compressor,
     counters: Arc<Counters>,
-    /// An encoded chunk and how much of it the stream has taken.
+    /// Encoded bytes and how much of them the stream has taken: a deflated chunk, or a
+    /// stored chunk's header.
     out: Vec<u8>,
     out_at: usize,
+    /// Payload bytes of the stored chunk whose header is in `out` (or was taken) still to
+    /// come from the caller's writes.
+    owed: usize,
     head: [u8; MAX_HEADER],
     state: ReadState,
     payload: Vec<u8>,
@@ -155,6 +163,7 @@ impl<S> Chunked<S> {
             counters: codec.counters,
             out: Vec::new(),
             out_at: 0,
+            owed: 0,
             head: [0; MAX_HEADER],
             state: ReadState::Header { have: 0 },
             payload: Vec::new(),
@@ -173,7 +182,7 @@ fn truncated() -> io::Error {
 }
 
 impl<S: AsyncWrite + Unpin> Chunked<S> {
-    /// Hands the encoded chunk to the stream.
+    /// Hands the encoded bytes to the stream.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.out_at < self.out.len() {
             let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.out[self.out_at..]))?;
@@ -182,15 +191,57 @@ impl<S: AsyncWrite + Unpin> Chunked<S> {
             }
             self.out_at += n;
         }
-        // Given back, not kept: an idle session holds no chunk buffer (the allocator reuses
-        // the memory for the next chunk, of this session or another).
-        self.out = Vec::new();
-        self.out_at = 0;
+        self.out_done();
         Poll::Ready(Ok(()))
+    }
+
+    /// `out` was taken whole. A deflated chunk's room is given back, not kept: an idle
+    /// session holds no chunk buffer (the allocator reuses the memory for the next chunk,
+    /// of this session or another); a header's few bytes are kept for the next one.
+    fn out_done(&mut self) {
+        if self.out.capacity() > MAX_HEADER {
+            self.out = Vec::new();
+        }
+        self.out.clear();
+        self.out_at = 0;
+    }
+
+    /// Writes up to `owed` bytes of `data`, the payload of the stored chunk under way,
+    /// behind what is left of its header.
+    fn poll_payload(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let payload = &data[..data.len().min(self.owed)];
+        loop {
+            let head = &self.out[self.out_at..];
+            let n = if head.is_empty() {
+                ready!(Pin::new(&mut self.inner).poll_write(cx, payload))?
+            } else {
+                let parts = [IoSlice::new(head), IoSlice::new(payload)];
+                ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, &parts))?
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            let of_head = n.min(head.len());
+            self.out_at += of_head;
+            if self.out_at == self.out.len() {
+                self.out_done();
+            }
+            let taken = n - of_head;
+            if taken > 0 {
+                self.owed -= taken;
+                return Poll::Ready(Ok(taken));
+            }
+            // Only (some of) the header went: the payload's turn again.
+        }
     }
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for Chunked<S> {
+    /// Takes at most one chunk's worth of `data`. A stored chunk's payload goes to the
+    /// stream straight from `data`, so its header, once written, announces bytes that only
+    /// the caller still has: a caller refused (`Pending`) writes the same bytes again, as
+    /// every caller of `poll_write` does, and shutting down before the chunk is complete
+    /// is an error.
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -200,16 +251,23 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Chunked<S> {
         if data.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        ready!(this.poll_drain(cx))?;
-        let plain = &data[..data.len().min(MAX_CHUNK)];
-        let start = Instant::now();
-        let chunk = this.compressor.encode(plain, &mut this.out);
-        this.counters.sent(chunk, start.elapsed());
-        // Start it on its way; what the stream does not take now waits for the next call.
-        if let Poll::Ready(Err(e)) = this.poll_drain(cx) {
-            return Poll::Ready(Err(e));
+        if this.owed == 0 {
+            ready!(this.poll_drain(cx))?;
+            let plain = &data[..data.len().min(MAX_CHUNK)];
+            let start = Instant::now();
+            let chunk = this.compressor.encode_head(plain, &mut this.out);
+            this.counters.sent(chunk, start.elapsed());
+            if !chunk.is_stored() {
+                // Start it on its way; what the stream does not take now waits for the
+                // next call.
+                if let Poll::Ready(Err(e)) = this.poll_drain(cx) {
+                    return Poll::Ready(Err(e));
+                }
+                return Poll::Ready(Ok(plain.len()));
+            }
+            this.owed = plain.len();
         }
-        Poll::Ready(Ok(plain.len()))
+        this.poll_payload(cx, data)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -220,6 +278,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Chunked<S> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.owed > 0 {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                ChunkError::Truncated,
+            )));
+        }
         ready!(this.poll_drain(cx))?;
         Pin::new(&mut this.inner).poll_shutdown(cx)
     }
@@ -504,6 +568,85 @@ mod tests {
                 assert!(got == data, "read size {read_size}");
             }
         }
+    }
+
+    /// A stream that refuses every other write and takes a few bytes of the rest, across
+    /// the parts of a vectored write: a stored chunk's header and payload are cut at
+    /// every place.
+    #[derive(Default)]
+    struct Stingy {
+        got: Vec<u8>,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Stingy {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            data: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(data)])
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            parts: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            self.calls += 1;
+            if self.calls % 2 == 1 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let mut left = 1 + self.calls % 7;
+            let mut taken = 0;
+            for part in parts {
+                let n = part.len().min(left);
+                self.got.extend_from_slice(&part[..n]);
+                (left, taken) = (left - n, taken + n);
+            }
+            Poll::Ready(Ok(taken))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn stored_chunks_written_behind_their_headers_in_pieces_are_the_chunks() {
+        let mut data = text(40_000);
+        data.extend(random(70_000));
+        data.extend(text(20_000));
+        let mut writer = Chunked::new(Stingy::default(), codec(1));
+        writer
+            .write_all(&data)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        writer.shutdown().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(writer.owed, 0);
+        assert!(writer.inner.calls > 2 * data.len() / 7, "written in pieces");
+        let got = wsx_compress::decode_all(&writer.inner.got).unwrap_or_else(|e| panic!("{e}"));
+        assert!(got == data);
+    }
+
+    #[tokio::test]
+    async fn shutting_down_inside_a_stored_chunk_is_an_error() {
+        let mut writer = Chunked::new(Stingy::default(), codec(0));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let poll = Pin::new(&mut writer).poll_write(&mut cx, &random(1000));
+        assert!(poll.is_pending(), "the stream refused its first write");
+        assert_eq!(writer.owed, 1000, "the header is encoded, the payload owed");
+        let e = writer.shutdown().await.err();
+        assert_eq!(e.map(|e| e.kind()), Some(io::ErrorKind::InvalidInput));
     }
 
     #[tokio::test]

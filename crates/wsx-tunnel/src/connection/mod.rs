@@ -65,6 +65,7 @@ use params::{APP_EXTENSIONS_SHIFT, EXTENSION_PUSH, TransportParams};
 use recovery::{FrameOutcome, Recovery, SentFrame, Timeout};
 pub use stats::ConnectionStats;
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -488,6 +489,17 @@ impl Connection {
     /// (a [`Event::StreamWritable`] follows when room frees up).
     pub fn write(&mut self, id: StreamId, data: &[u8]) -> Result<usize, StreamError> {
         self.streams.write(id, data, self.recovery.send_budget())
+    }
+
+    /// As [`Self::write`], for the bytes of `parts` one after the other (a header and
+    /// the payload it announces, say, without first copying them together).
+    pub fn write_vectored(
+        &mut self,
+        id: StreamId,
+        parts: &[IoSlice<'_>],
+    ) -> Result<usize, StreamError> {
+        self.streams
+            .write_parts(id, parts, self.recovery.send_budget())
     }
 
     /// Ends the stream's sending direction after what was written (a half-close).

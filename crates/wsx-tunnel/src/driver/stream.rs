@@ -4,7 +4,7 @@
 use super::{Link, LinkState, StreamSlot, register_once};
 use crate::streams::StreamError;
 use crate::wire::{StreamId, StreamMeta};
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -147,6 +147,15 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(data)])
+    }
+
+    /// Takes the parts' bytes in one turn of the connection's lock, as far as they fit.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let mut state = self.link.lock();
         if let Some(e) = &state.error {
             return Poll::Ready(Err(io::Error::new(
@@ -154,7 +163,7 @@ impl AsyncWrite for Stream {
                 e.clone(),
             )));
         }
-        let result = state.connection.write(self.id, data);
+        let result = state.connection.write_vectored(self.id, parts);
         match result {
             Ok(n) => {
                 drop(state);
@@ -169,6 +178,10 @@ impl AsyncWrite for Stream {
             }
             Err(e) => Poll::Ready(Err(self.error(&state, e))),
         }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     /// Data written is the connection's to deliver; there is nothing to flush.

@@ -19,6 +19,7 @@ pub use scheduler::{RoundRobin, Scheduler, Turn};
 use send::SendBuf;
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
+use std::ops::Deref;
 use std::time::Instant;
 
 /// A stream buffer that stays empty gives memory back above this capacity
@@ -495,6 +496,16 @@ impl Streams {
         data: &[u8],
         pace: u64,
     ) -> Result<usize, StreamError> {
+        self.write_parts(id, &[data], pace)
+    }
+
+    /// As [`Self::write`], for the bytes of `parts` one after the other.
+    pub(crate) fn write_parts<P: Deref<Target = [u8]>>(
+        &mut self,
+        id: StreamId,
+        parts: &[P],
+        pace: u64,
+    ) -> Result<usize, StreamError> {
         let stream = self.map.get_mut(&id).ok_or(StreamError::UnknownStream)?;
         if let ResetState::LocalPending { code } | ResetState::LocalSent { code } = stream.reset {
             return Err(StreamError::Reset(code));
@@ -529,8 +540,8 @@ impl Streams {
         let queue_room = stream.unsent_limit.saturating_sub(unsent);
         let buffer_room = stream_room.min(conn_room);
         let room = buffer_room.min(pace_room).min(queue_room) as usize;
-        let n = stream.send.write(data, room);
-        if n == 0 && !data.is_empty() {
+        let n = stream.send.write(parts, room);
+        if n == 0 && parts.iter().any(|part| !part.is_empty()) {
             if !stream.write_blocked {
                 stream.write_blocked = true;
                 // Held back by a queue (sending makes room) or by unacknowledged bytes

@@ -4,6 +4,7 @@
 use super::SHRINK_ABOVE;
 use crate::range_set::RangeSet;
 use std::collections::VecDeque;
+use std::ops::Deref;
 
 #[derive(Debug, Default)]
 pub(crate) struct SendBuf {
@@ -65,11 +66,19 @@ impl SendBuf {
         self.fin == Fin::Acked && self.data.is_empty()
     }
 
-    /// Appends up to `room` bytes of `data`; returns how many were taken.
-    pub(crate) fn write(&mut self, data: &[u8], room: usize) -> usize {
-        let n = data.len().min(room);
-        self.data.extend(&data[..n]);
-        n
+    /// Appends up to `room` bytes of `parts`, one after the other; returns how many were
+    /// taken.
+    pub(crate) fn write<P: Deref<Target = [u8]>>(&mut self, parts: &[P], room: usize) -> usize {
+        let mut left = room;
+        for part in parts {
+            let n = part.len().min(left);
+            self.data.extend(&part[..n]);
+            left -= n;
+            if left == 0 {
+                break;
+            }
+        }
+        room - left
     }
 
     pub(crate) fn finish(&mut self) {
@@ -235,7 +244,7 @@ mod tests {
     #[test]
     fn lost_bytes_go_out_again_and_acked_bytes_are_freed() {
         let mut buf = SendBuf::default();
-        assert_eq!(buf.write(b"hello world", 100), 11);
+        assert_eq!(buf.write(&[b"hello world".as_slice()], 100), 11);
         buf.finish();
         let a = buf.next_chunk(5, u64::MAX).unwrap();
         let b = buf.next_chunk(100, u64::MAX).unwrap();
@@ -255,9 +264,19 @@ mod tests {
     }
 
     #[test]
+    fn parts_are_taken_in_order_up_to_the_room() {
+        let mut buf = SendBuf::default();
+        assert_eq!(buf.write(&[b"head".as_slice(), b"payload"], 6), 6);
+        assert_eq!(buf.write(&[b"yload".as_slice(), b"", b"!"], 100), 6);
+        assert_eq!(buf.write(&[b"more".as_slice()], 0), 0);
+        let c = buf.next_chunk(100, u64::MAX).unwrap();
+        assert_eq!(sent(&buf, c), b"headpayload!");
+    }
+
+    #[test]
     fn flow_control_limits_new_bytes_only() {
         let mut buf = SendBuf::default();
-        buf.write(&[7; 100], 100);
+        buf.write(&[[7; 100].as_slice()], 100);
         let c = buf.next_chunk(1000, 40).unwrap();
         assert_eq!((c.offset, c.len), (0, 40));
         assert!(!buf.has_pending(40));
@@ -273,7 +292,7 @@ mod tests {
     fn a_lost_fin_is_sent_again() {
         let mut buf = SendBuf::default();
         assert!(buf.is_delivered(), "nothing written");
-        buf.write(b"x", 10);
+        buf.write(&[b"x".as_slice()], 10);
         assert!(!buf.is_delivered());
         let c = buf.next_chunk(10, u64::MAX).unwrap();
         buf.ack(c.offset, c.len as u64, false);
