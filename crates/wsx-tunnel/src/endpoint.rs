@@ -3,6 +3,7 @@
 //! header; it never holds a connection itself (the driver owns them, as in quinn-proto), so
 //! connections can be driven independently.
 
+use crate::FastMap;
 use crate::config::{EndpointConfig, TransportConfig};
 use crate::congestion::PathHint;
 use crate::connection::{Connection, Incoming, Rejected, Setup};
@@ -82,8 +83,8 @@ pub struct Endpoint {
     public: PublicKey,
     rng: fastrand::Rng,
     next_handle: u64,
-    entries: HashMap<ConnectionHandle, Entry>,
-    by_id: HashMap<u32, ConnectionHandle>,
+    entries: FastMap<ConnectionHandle, Entry>,
+    by_id: FastMap<u32, ConnectionHandle>,
     by_peer: HashMap<PublicKey, ConnectionHandle>,
     /// The newest initiation timestamp accepted from each peer.
     timestamps: HashMap<PublicKey, u64>,
@@ -108,8 +109,8 @@ impl Endpoint {
             rng: fastrand::Rng::with_seed(config.seed),
             config,
             next_handle: 0,
-            entries: HashMap::new(),
-            by_id: HashMap::new(),
+            entries: FastMap::default(),
+            by_id: FastMap::default(),
             by_peer: HashMap::new(),
             timestamps: HashMap::new(),
             hints: HashMap::new(),

@@ -56,6 +56,11 @@ pub mod testing;
 mod tests;
 mod wire;
 
+/// The map of the per-packet lookups (streams by id, connections by handle and by id):
+/// foldhash, seeded per map, where std's SipHash cost 1.3-1.6 % of a sending gateway's CPU
+/// at line rate. Their keys are this endpoint's own or the authenticated peer's.
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub use config::{EndpointConfig, FecMode, MAX_DATAGRAM, TransportConfig};
 pub use congestion::{
     Adaptive, AdaptiveConfig, CongestionControl, Controller, ControllerState, LossVerdict, NewReno,

@@ -50,6 +50,7 @@ pub use socket::SOCKET_BUFFER;
 pub use stream::Stream;
 pub use timer::Timer;
 
+use crate::FastMap;
 use crate::config::{EndpointConfig, FecMode};
 use crate::connection::{Connection, ConnectionError, ConnectionStats, ControlError, Event};
 use crate::crypto::PublicKey;
@@ -58,7 +59,7 @@ use crate::rtt::RttEstimator;
 use crate::streams::StreamError;
 use crate::wire::{StreamId, StreamMeta};
 use quinn_udp::UdpSocketState;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
@@ -220,7 +221,7 @@ impl Driver {
             moderation: Moderation::default(),
             undrained: false,
             timer: timer::Timer::new()?,
-            connections: HashMap::new(),
+            connections: FastMap::default(),
             accepted,
             routes: Vec::new(),
             write_blocked: false,
@@ -584,7 +585,7 @@ struct LinkState {
     connection: Connection,
     error: Option<ConnectionError>,
     /// The streams that have a [`Stream`] handle.
-    streams: HashMap<StreamId, StreamSlot>,
+    streams: FastMap<StreamId, StreamSlot>,
     /// Streams the peer opened, not yet accepted.
     incoming: VecDeque<StreamId>,
     controls: VecDeque<Vec<u8>>,
@@ -602,7 +603,7 @@ impl LinkState {
         Self {
             connection,
             error: None,
-            streams: HashMap::new(),
+            streams: FastMap::default(),
             incoming: VecDeque::new(),
             controls: VecDeque::new(),
             waiters: Vec::new(),
@@ -757,7 +758,7 @@ struct Io {
     undrained: bool,
     ipv6_socket: bool,
     timer: timer::Timer,
-    connections: HashMap<ConnectionHandle, Entry>,
+    connections: FastMap<ConnectionHandle, Entry>,
     accepted: mpsc::UnboundedSender<Tunnel>,
     recv: socket::RecvBuffers,
     /// The GSO buffer: `max_burst` datagrams of `max_datagram` bytes, at most one send's

@@ -12,13 +12,14 @@ mod recv;
 mod scheduler;
 mod send;
 
+use crate::FastMap;
 use crate::wire::frame::{Frame, StreamFrame, StreamHeader};
 use crate::wire::{MAX_HINT_LEN, MAX_NAME_LEN, StreamId, StreamMeta, Target, Writer};
 use recv::{RecvBuf, RecvError};
 pub use scheduler::{RoundRobin, Scheduler, Turn};
 use send::SendBuf;
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Deref;
 use std::time::Instant;
 
@@ -272,7 +273,7 @@ pub(crate) struct Streams {
     peer: PeerLimits,
     /// Boxed: a stream's state is a few hundred bytes, and a map's spare slots (up to
     /// half of them after it grows) would otherwise hold that much each.
-    map: HashMap<StreamId, Box<Stream>>,
+    map: FastMap<StreamId, Box<Stream>>,
     next_local: u64,
     next_remote: u64,
     /// Total local streams the peer allows (cumulative).
@@ -318,7 +319,7 @@ impl Streams {
             initiator,
             limits,
             peer,
-            map: HashMap::new(),
+            map: FastMap::default(),
             next_local: 0,
             next_remote: 0,
             max_local: peer.max_streams,
@@ -983,7 +984,7 @@ impl Streams {
     /// Tells the streams of `list` (`queue`: `queue_blocked`) that are still blocked that
     /// they may write.
     fn wake(
-        map: &mut HashMap<StreamId, Box<Stream>>,
+        map: &mut FastMap<StreamId, Box<Stream>>,
         list: &mut Vec<StreamId>,
         events: &mut VecDeque<StreamEvent>,
         queue: bool,
