@@ -42,6 +42,12 @@ pub enum ConnectError {
     /// The key is not one of the endpoint's peers.
     #[error("peer {0} is not configured")]
     UnknownPeer(PublicKey),
+    /// The peer connected to this endpoint less than [`SIMULTANEOUS`] ago and that
+    /// connection is not over: a second initiation from us would replace it at the peer,
+    /// which takes an initiation from a key whose connection it holds for a restart (and
+    /// what the connection carries would end with it). Wait for the peer's connection.
+    #[error("peer {0} connected to this gateway a moment ago; its connection is on its way")]
+    PeerConnecting(PublicKey),
 }
 
 /// Counters of the endpoint itself (datagrams no connection saw).
@@ -73,7 +79,7 @@ struct Entry {
 /// keeps its own attempt). A peer that answered ours, or that we have waited on longer,
 /// has lost the connection (it restarted, or never got our initiation): its initiation
 /// replaces ours.
-const SIMULTANEOUS: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const SIMULTANEOUS: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// See the module documentation.
 #[derive(Debug)]
@@ -146,6 +152,10 @@ impl Endpoint {
     }
 
     /// Starts a connection to `peer` at `remote`. `unix_time` is the wall-clock time now.
+    ///
+    /// Refused while a connection the peer opened less than [`SIMULTANEOUS`] ago is still
+    /// held ([`ConnectError::PeerConnecting`]): a gateway that checks for a connection before
+    /// connecting can miss one accepted a moment before, still on its way to it.
     pub fn connect(
         &mut self,
         now: Instant,
@@ -155,6 +165,12 @@ impl Endpoint {
     ) -> Result<(ConnectionHandle, Connection), ConnectError> {
         if !self.config.peers.contains(&peer) {
             return Err(ConnectError::UnknownPeer(peer));
+        }
+        let theirs = self.by_peer.get(&peer).and_then(|h| self.entries.get(h));
+        if theirs.is_some_and(|e| {
+            !e.initiator && now.saturating_duration_since(e.started) < SIMULTANEOUS
+        }) {
+            return Err(ConnectError::PeerConnecting(peer));
         }
         let (handle, local_id) = self.register(now, peer, true);
         self.by_peer.insert(peer, handle);

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
-use wsx_tunnel::ConnectionError;
 use wsx_tunnel::driver::Tunnel;
+use wsx_tunnel::{ConnectError, ConnectionError};
 
 /// How long a handshake may take before the peer keeper starts over.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(4);
@@ -109,6 +109,13 @@ impl Inner {
             }
             let tunnel = match self.driver.connect(endpoint, key) {
                 Ok(t) => t,
+                // Accepted by the driver a moment ago, not yet counted by `accept_tunnels`:
+                // connecting now would make the peer drop it for ours.
+                Err(ConnectError::PeerConnecting(_)) => {
+                    debug!("the peer is connecting to us; waiting for its tunnel");
+                    await_replacement(&peer, &cancel).await;
+                    continue;
+                }
                 Err(e) => {
                     warn!(error = %e, %endpoint, "cannot connect");
                     sleep_or_cancel(RECONNECT_DELAY, &cancel).await;

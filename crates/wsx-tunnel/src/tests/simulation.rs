@@ -883,6 +883,33 @@ fn a_connection_replaced_while_its_maker_holds_it_is_closed_on_both_sides() {
     assert!(pair.sides[1].events.iter().any(|(_, e)| *e == replaced));
 }
 
+/// A side the peer connected to a moment ago does not connect back: the peer would take the
+/// second connection for a restart of ours and end the first, with what it carries (two
+/// gateways starting at once, one accepting the other's connection just before its own
+/// attempt). Once the peer's connection is older than a race can explain, it may.
+#[test]
+fn a_side_the_peer_just_connected_to_does_not_connect_back() {
+    let link = LinkConfig::new(RTT, 100);
+    let mut pair = Pair::new(crate::test_epoch(), link.clone(), link, 25);
+    pair.connect();
+    let (addr, key) = (pair.sides[0].addr, pair.sides[0].endpoint.public_key());
+    let unix = Duration::from_secs(1_800_000_000);
+    let connect_back = |p: &mut Pair| p.sides[1].endpoint.connect(p.now, unix, addr, key);
+    assert_eq!(
+        connect_back(&mut pair).err(),
+        Some(crate::ConnectError::PeerConnecting(key))
+    );
+    let later = pair.now + crate::endpoint::SIMULTANEOUS;
+    pair.run_until(Duration::from_secs(15), |p| p.now >= later);
+    assert!(
+        pair.sides[1]
+            .connections
+            .values()
+            .all(Connection::is_established)
+    );
+    assert!(connect_back(&mut pair).is_ok());
+}
+
 /// Both sides initiate at the same moment, over a lossy path: they settle on one
 /// connection, the same on both sides (each hears the other on it), and the attempt that
 /// lost ends on both.
