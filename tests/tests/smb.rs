@@ -236,6 +236,10 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
         smb["held_bytes"], 0,
         "every session's engine gave its memory back: {smb}"
     );
+    assert!(
+        smb["expired"].is_u64() && smb["resumed"].is_u64(),
+        "the validity window's counters: {smb}"
+    );
     eprintln!("SMB totals: {smb}");
     // The two guest reads (the other sessions passed through before reading): every byte
     // of the file asked for, and the first READ of each session sent alone.
@@ -252,6 +256,9 @@ fn smb_sessions_cross_intact_and_are_judged_by_what_they_are() {
     let (_, metrics) =
         wsx_e2e::api_request(&lab, Node::GwA, (API, TOKEN), ("GET", "/metrics"), None);
     assert!(metrics.contains("wsx_smb_sessions_total{} 5"), "{metrics}");
+    for family in ["wsx_smb_expired_total{} ", "wsx_smb_resumed_total{} "] {
+        assert!(metrics.contains(family), "{family}in {metrics}");
+    }
     assert!(
         metrics.contains("wsx_smb_passed_through_total{reason=\"signed\"} 1"),
         "{metrics}"

@@ -26,6 +26,8 @@
 //! | `wsx_smb_prefetched_total`, `wsx_smb_prefetched_bytes_total` | | requests far issued ahead of its peer's clients (READs, QUERY_INFOs), and the READs' bytes |
 //! | `wsx_smb_answered_locally_total` | | client requests near answered itself: READs and QUERY_INFOs from what far sent ahead, and CLOSEs |
 //! | `wsx_smb_missed_total`, `wsx_smb_missed_bytes_total` | | predictions the client did not use, and their bytes |
+//! | `wsx_smb_expired_total` | | answers near held past their validity window (files others may write) before the client asked |
+//! | `wsx_smb_resumed_total` | | files far read ahead again after a miss |
 //! | `wsx_smb_held_bytes` | | bytes the engine holds now, all sessions |
 //! | `wsx_smb_passed_through_total` | `reason` | relayed byte for byte for good: `not_framed`, `smb1`, `dialect`, `signed`, `encrypted`, `compressed`, `malformed` |
 //! | `wsx_peer_up` | `peer` | 1 when a tunnel is established and the peer heard from |
@@ -307,6 +309,16 @@ impl Collector for GatewayCollector {
                 "wsx_smb_missed_bytes",
                 "Bytes those predictions asked for, read for nothing",
                 smb.missed_bytes,
+            ),
+            (
+                "wsx_smb_expired",
+                "Answers held past their validity window before the client asked",
+                smb.expired,
+            ),
+            (
+                "wsx_smb_resumed",
+                "Files read ahead again after a miss",
+                smb.resumed,
             ),
         ] {
             family(&mut e, name, help, [counter(vec![], value)])?;

@@ -81,6 +81,13 @@ pub struct Smb {
     pub missed: u64,
     #[serde(default)]
     pub missed_bytes: u64,
+    /// Answers this gateway (near) held past their validity window before the client
+    /// asked (files others may write): those READs went to the server after all.
+    #[serde(default)]
+    pub expired: u64,
+    /// Files this gateway (far) started reading ahead again after a miss.
+    #[serde(default)]
+    pub resumed: u64,
     /// Bytes the engine holds now, all sessions together.
     #[serde(default)]
     pub held_bytes: u64,
@@ -105,6 +112,8 @@ impl Smb {
             answered_locally: s.answered_locally,
             missed: s.missed,
             missed_bytes: s.missed_bytes,
+            expired: s.expired,
+            resumed: s.resumed,
             held_bytes: s.held_bytes,
         }
     }

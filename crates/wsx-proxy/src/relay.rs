@@ -978,6 +978,17 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, dropped);
+        // Counted as expired in the gateway's totals (the step that wrote the record
+        // counts right after).
+        let counted = async {
+            while totals.snapshot().expired == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), counted)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(totals.snapshot().expired, 1);
         // The answer's 5,000 bytes are gone; the splice keeps a little room of its own.
         let held = totals.snapshot().held_bytes;
         assert!(held < 1024, "{held}");

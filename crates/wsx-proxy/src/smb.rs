@@ -58,6 +58,8 @@ pub(crate) struct SmbTotals {
     answered_locally: AtomicU64,
     missed: AtomicU64,
     missed_bytes: AtomicU64,
+    expired: AtomicU64,
+    resumed: AtomicU64,
     held_bytes: AtomicU64,
 }
 
@@ -92,6 +94,14 @@ pub struct SmbStats {
     /// Predictions far's clients did not use, and their bytes: read for nothing.
     pub missed: u64,
     pub missed_bytes: u64,
+    /// Of near's misses, answers held past their validity window (a file others may
+    /// write, whose client asked later than the window allows): the client's READ went
+    /// to the server after all. Many of them mean a reader slower than the window, or a
+    /// window too short for the path (`smb_validity_ms`).
+    pub expired: u64,
+    /// Files far started reading ahead again after a miss had stopped it, the client
+    /// reading on in sequence.
+    pub resumed: u64,
     /// Bytes the engine holds now, all sessions together (frames being read, answers
     /// waiting for their READ, bytes waiting to be written).
     pub held_bytes: u64,
@@ -116,6 +126,8 @@ impl SmbTotals {
             answered_locally: self.answered_locally.load(Ordering::Relaxed),
             missed: self.missed.load(Ordering::Relaxed),
             missed_bytes: self.missed_bytes.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+            resumed: self.resumed.load(Ordering::Relaxed),
             held_bytes: self.held_bytes.load(Ordering::Relaxed),
         }
     }
@@ -225,6 +237,8 @@ impl Engine {
                 ),
                 (&t.missed, now.missed, old.missed),
                 (&t.missed_bytes, now.missed_bytes, old.missed_bytes),
+                (&t.expired, now.expired, old.expired),
+                (&t.resumed, now.resumed, old.resumed),
             ] {
                 counter.fetch_add(now.saturating_sub(before), Ordering::Relaxed);
             }
