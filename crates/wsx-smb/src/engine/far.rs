@@ -205,6 +205,19 @@ impl Opened {
     }
 }
 
+/// Whether far reads a file ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// It may (beyond a script's first READ, once the client has taken what far predicted).
+    On,
+    /// Stopped by a miss (a prediction's id spent, an answer dropped at near), not by the
+    /// file, the server or a request that changes it: read-ahead resumes once the client
+    /// reads on sequentially by itself.
+    Missed,
+    /// Stopped for good.
+    Off,
+}
+
 /// A file the client opened.
 #[derive(Debug)]
 struct File {
@@ -218,12 +231,8 @@ struct File {
     /// How long near may hold an answer about it, ms: 0 if other writers are kept out,
     /// the validity window if not.
     valid_ms: u32,
-    /// Read-ahead stopped: for good, unless `resumable`.
-    stopped: bool,
-    /// Stopped by a miss (a prediction's id spent, an answer dropped at near), not by the
-    /// file, the server or a request that changes it: read-ahead resumes once the client
-    /// reads on sequentially by itself.
-    resumable: bool,
+    /// Whether far reads it ahead.
+    ahead: Ahead,
     /// Where the client's last READ of it that reached far ended.
     client_end: Option<u64>,
     /// Times read-ahead resumed on it ([`MAX_RESUMES`]).
@@ -820,7 +829,11 @@ impl Far {
             self.clips = true;
         }
         match &file.template {
-            None if unsigned && file.eligible && !file.stopped && self.active.is_none() => {
+            None if unsigned
+                && file.eligible
+                && file.ahead == Ahead::On
+                && self.active.is_none() =>
+            {
                 file.template = Some((*header, *read));
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
@@ -828,7 +841,7 @@ impl Far {
                 self.active = Some(read.file_id);
             }
             Some((_, template))
-                if !file.stopped
+                if file.ahead == Ahead::On
                     && header.message_id == file.next_id
                     && read.offset == file.next_offset
                     && read.length == template.length =>
@@ -839,7 +852,7 @@ impl Far {
                 file.next_id = header.message_id.saturating_add(charge);
                 file.confirmed = true;
             }
-            Some((_, template)) if file.stopped && file.resumable => {
+            Some((_, template)) if file.ahead == Ahead::Missed => {
                 // After a miss the client's READs all reach far: the second of two in a
                 // row, of the block read ahead before, from a client that reads one at a
                 // time, starts read-ahead again (the ids are fresh by then, the
@@ -865,17 +878,13 @@ impl Far {
                     file.next_offset = next;
                     file.next_id = header.message_id.saturating_add(charge);
                     file.confirmed = true;
-                    file.stopped = false;
-                    file.resumable = false;
+                    file.ahead = Ahead::On;
                     file.resumes += 1;
                     self.active = Some(read.file_id);
                     self.stats.resumed += 1;
                 }
             }
-            Some(_) => {
-                file.stopped = true;
-                file.resumable = false;
-            }
+            Some(_) => file.ahead = Ahead::Off,
             None => {}
         }
         file.client_end = Some(next);
@@ -904,8 +913,7 @@ impl Far {
                 end_of_file: created.end_of_file,
                 eligible,
                 valid_ms: if protected { 0 } else { self.validity_ms },
-                stopped: false,
-                resumable: false,
+                ahead: Ahead::On,
                 client_end: None,
                 resumes: 0,
                 template: None,
@@ -1105,8 +1113,7 @@ impl Far {
             && let Some(file) = self.files.get_mut(&read.file_id)
         {
             // The end of the file, or an error: nothing further to read ahead.
-            file.stopped = true;
-            file.resumable = false;
+            file.ahead = Ahead::Off;
         }
         match claimed {
             Some(Claimed { asked, .. }) => {
@@ -1140,7 +1147,7 @@ impl Far {
             let valid_ms = file.valid_ms;
             let window = self.window_for(valid_ms);
             let rest = file.end_of_file.saturating_sub(file.next_offset);
-            if file.stopped
+            if file.ahead != Ahead::On
                 || rest == 0
                 || (!file.confirmed && file.next_offset > 0)
                 // Its answer, and the record that carries it, must fit a frame.
@@ -1205,8 +1212,9 @@ impl Far {
             self.stats.missed += 1;
             self.stats.missed_bytes += u64::from(key.read_length());
             if let Some(file) = self.files.get_mut(&key.file_id()) {
-                file.resumable = !file.stopped || file.resumable;
-                file.stopped = true;
+                if file.ahead == Ahead::On {
+                    file.ahead = Ahead::Missed;
+                }
             }
         }
         self.script = None;
@@ -1222,8 +1230,7 @@ impl Far {
 
     fn stop_all(&mut self) {
         for file in self.files.values_mut() {
-            file.stopped = true;
-            file.resumable = false;
+            file.ahead = Ahead::Off;
         }
         self.active = None;
     }
