@@ -42,7 +42,7 @@ pub enum ConnectError {
     /// The key is not one of the endpoint's peers.
     #[error("peer {0} is not configured")]
     UnknownPeer(PublicKey),
-    /// The peer connected to this endpoint less than [`SIMULTANEOUS`] ago and that
+    /// The peer connected to this endpoint less than 10 s ago and that
     /// connection is not over: a second initiation from us would replace it at the peer,
     /// which takes an initiation from a key whose connection it holds for a restart (and
     /// what the connection carries would end with it). Wait for the peer's connection.
@@ -153,7 +153,7 @@ impl Endpoint {
 
     /// Starts a connection to `peer` at `remote`. `unix_time` is the wall-clock time now.
     ///
-    /// Refused while a connection the peer opened less than [`SIMULTANEOUS`] ago is still
+    /// Refused while a connection the peer opened less than 10 s ago is still
     /// held ([`ConnectError::PeerConnecting`]): a gateway that checks for a connection before
     /// connecting can miss one accepted a moment before, still on its way to it.
     pub fn connect(
