@@ -199,7 +199,8 @@ impl<S: AsyncWrite + Unpin> Chunked<S> {
     /// session holds no chunk buffer (the allocator reuses the memory for the next chunk,
     /// of this session or another); a header's few bytes are kept for the next one.
     fn out_done(&mut self) {
-        if self.out.capacity() > MAX_HEADER {
+        // A header's push takes the allocator's smallest block (8 bytes for a Vec<u8>).
+        if self.out.capacity() > 64 {
             self.out = Vec::new();
         }
         self.out.clear();
