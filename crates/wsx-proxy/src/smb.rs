@@ -94,10 +94,11 @@ pub struct SmbStats {
     /// Predictions far's clients did not use, and their bytes: read for nothing.
     pub missed: u64,
     pub missed_bytes: u64,
-    /// Of near's misses, answers held past their validity window (a file others may
-    /// write, whose client asked later than the window allows): the client's READ went
-    /// to the server after all. Many of them mean a reader slower than the window, or a
-    /// window too short for the path (`smb_validity_ms`).
+    /// Answers near (this gateway, for its own clients) held past their validity window
+    /// before the client asked (a file others may write): the client's READ went to the
+    /// server after all, and far, on the other gateway, counted a miss. Many of them mean
+    /// a reader slower than the window allows for, or a path too slow for it
+    /// (`smb_validity_ms`).
     pub expired: u64,
     /// Files far started reading ahead again after a miss had stopped it, the client
     /// reading on in sequence.

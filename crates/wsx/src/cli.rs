@@ -515,15 +515,15 @@ fn status_table(s: &Status) {
         }
         if s.smb.engine_sessions > 0 {
             println!(
-                "SMB read-ahead  {} sessions; {} requests ahead ({}), {} answered here, {} missed ({}, {} expired), {} files resumed; holding {}",
+                "SMB read-ahead  {} sessions; {} requests ahead ({}), {} missed ({}), {} files resumed; {} answered here, {} expired here; holding {}",
                 s.smb.engine_sessions,
                 s.smb.prefetched,
                 human_bytes(s.smb.prefetched_bytes),
-                s.smb.answered_locally,
                 s.smb.missed,
                 human_bytes(s.smb.missed_bytes),
-                s.smb.expired,
                 s.smb.resumed,
+                s.smb.answered_locally,
+                s.smb.expired,
                 human_bytes(s.smb.held_bytes)
             );
         }
