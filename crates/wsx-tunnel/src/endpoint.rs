@@ -78,7 +78,8 @@ struct Entry {
 /// that has not answered it, is taken for both sides initiating at once (the larger key
 /// keeps its own attempt). A peer that answered ours, or that we have waited on longer,
 /// has lost the connection (it restarted, or never got our initiation): its initiation
-/// replaces ours.
+/// replaces ours. The other way round, for as long after accepting a peer's connection,
+/// [`Endpoint::connect`] refuses to start one of ours.
 pub(crate) const SIMULTANEOUS: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// See the module documentation.
