@@ -1,8 +1,9 @@
 //! A stream's receive side: reassembly of out-of-order data into a contiguous buffer.
 //!
 //! Data is written at its offset into one buffer that starts at the application's read
-//! position, with holes left where packets are missing; the set of received ranges says which
-//! bytes are real. Out-of-order data therefore costs no allocation per segment, and the buffer
+//! position, with holes left where packets are missing. What is real is the prefix up to
+//! `ready_to` (every byte there arrived) and a set of the ranges received beyond it: data
+//! arriving in order, the usual case, moves one offset and touches no set. Out-of-order data therefore costs no allocation per segment, and the buffer
 //! never exceeds the flow-control window.
 
 use super::SHRINK_ABOVE;
@@ -11,12 +12,14 @@ use std::collections::VecDeque;
 
 #[derive(Debug, Default)]
 pub(crate) struct RecvBuf {
-    /// Bytes from `read` on; holes are zero until filled.
+    /// Bytes from `read` to the highest received offset; holes are zero until filled.
     data: VecDeque<u8>,
     /// Next offset the application reads.
     read: u64,
-    /// Received ranges at or above `read`.
-    received: RangeSet,
+    /// Every byte from `read` to here was received.
+    ready_to: u64,
+    /// Ranges received beyond `ready_to`, none touching it.
+    ahead: RangeSet,
     /// The final size, once a FIN arrived.
     end: Option<u64>,
     /// Highest offset received.
@@ -74,13 +77,31 @@ impl RecvBuf {
         if start >= end {
             return Ok(grown);
         }
-        let needed = (end - self.read) as usize;
-        if self.data.len() < needed {
-            self.data.resize(needed, 0);
+        let at = (start - self.read) as usize;
+        let new = &data[(start - offset) as usize..];
+        // Over what the buffer holds (a hole), then after it: in-order data, the usual case,
+        // is appended without being zeroed first. Only a gap before it is.
+        let inside = self.data.len().saturating_sub(at).min(new.len());
+        let (over, after) = new.split_at(inside);
+        if !over.is_empty() {
+            write_at(&mut self.data, at, over);
         }
-        let skip = (start - offset) as usize;
-        write_at(&mut self.data, (start - self.read) as usize, &data[skip..]);
-        self.received.insert(start..end);
+        if !after.is_empty() {
+            self.data.resize(at.max(self.data.len()), 0);
+            self.data.extend(after);
+        }
+        if start <= self.ready_to {
+            self.ready_to = self.ready_to.max(end);
+            while let Some(next) = self.ahead.first() {
+                if next.start > self.ready_to {
+                    break;
+                }
+                self.ahead.pop_first();
+                self.ready_to = self.ready_to.max(next.end);
+            }
+        } else {
+            self.ahead.insert(start..end);
+        }
         Ok(grown)
     }
 
@@ -96,10 +117,7 @@ impl RecvBuf {
 
     /// Contiguous bytes ready for the application.
     pub(crate) fn readable(&self) -> usize {
-        match self.received.first() {
-            Some(r) if r.start == self.read => (r.end - r.start) as usize,
-            _ => 0,
-        }
+        (self.ready_to - self.read) as usize
     }
 
     /// Whether the application has read everything up to the FIN.
@@ -123,7 +141,6 @@ impl RecvBuf {
         out[..from_a].copy_from_slice(&a[..from_a]);
         out[from_a..n].copy_from_slice(&b[..n - from_a]);
         self.data.drain(..n);
-        self.received.remove(self.read..self.read + n as u64);
         self.read += n as u64;
         n
     }
@@ -145,7 +162,8 @@ impl RecvBuf {
     /// Drops everything buffered (the stream was reset).
     pub(crate) fn clear(&mut self) {
         self.data = VecDeque::new();
-        self.received.clear();
+        self.ready_to = self.read;
+        self.ahead.clear();
     }
 }
 
