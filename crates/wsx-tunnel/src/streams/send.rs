@@ -14,7 +14,7 @@ pub(crate) struct SendBuf {
     base: u64,
     /// Next offset never sent.
     unsent: u64,
-    /// Acknowledged ranges above `base`.
+    /// Acknowledged ranges above `base` (not touching it: the base moves over those).
     acked: RangeSet,
     /// Ranges declared lost, to send again.
     retransmit: RangeSet,
@@ -174,16 +174,29 @@ impl SendBuf {
         if start >= end {
             return;
         }
-        self.acked.insert(start..end);
-        self.retransmit.remove(start..end);
+        if !self.retransmit.is_empty() {
+            self.retransmit.remove(start..end);
+        }
+        // Acknowledged in order, the usual case: the base moves and no set is touched.
+        if start == self.base {
+            self.advance(end);
+        } else {
+            self.acked.insert(start..end);
+        }
         while let Some(first) = self.acked.first() {
-            if first.start != self.base {
+            if first.start > self.base {
                 break;
             }
             self.acked.pop_first();
-            let n = (first.end - first.start) as usize;
-            self.data.drain(..n);
-            self.base = first.end;
+            self.advance(first.end);
+        }
+    }
+
+    /// Frees the bytes below `to`, which were all acknowledged.
+    fn advance(&mut self, to: u64) {
+        if to > self.base {
+            self.data.drain(..(to - self.base) as usize);
+            self.base = to;
         }
     }
 
@@ -216,7 +229,7 @@ impl SendBuf {
             return;
         }
         self.retransmit.insert(start..end);
-        for acked in self.acked.intersecting(start..end).collect::<Vec<_>>() {
+        for acked in self.acked.intersecting(start..end) {
             self.retransmit.remove(acked);
         }
     }
@@ -308,5 +321,86 @@ mod tests {
         buf.ack(1, 0, true);
         assert!(buf.is_done());
         assert!(buf.is_delivered());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(usize),
+        Send(usize),
+        /// Acknowledge the in-flight piece picked by the index.
+        Ack(prop::sample::Index),
+        Lose(prop::sample::Index),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1usize..300).prop_map(Op::Write),
+            (1usize..200).prop_map(Op::Send),
+            any::<prop::sample::Index>().prop_map(Op::Ack),
+            any::<prop::sample::Index>().prop_map(Op::Lose),
+        ]
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever order pieces are sent, acknowledged (out of order, twice) and lost in,
+        /// every piece carries the bytes written at its offset, nothing acknowledged is sent
+        /// again, and once all is acknowledged the buffer is empty.
+        #[test]
+        fn pieces_carry_the_written_bytes_until_all_are_acknowledged(
+            ops in proptest::collection::vec(op(), 0..120),
+        ) {
+            let source: Vec<u8> = (0..40_000u32).map(|i| (i * 31 + i / 251) as u8).collect();
+            let mut buf = SendBuf::default();
+            let mut written = 0usize;
+            let mut acked = vec![false; source.len()];
+            let mut flight: Vec<Chunk> = Vec::new();
+            let mut check = |buf: &SendBuf, c: Chunk, acked: &[bool]| -> Result<(), TestCaseError> {
+                let (from, to) = (c.offset as usize, c.offset as usize + c.len);
+                prop_assert_eq!(sent(buf, c), &source[from..to]);
+                if c.retransmit {
+                    prop_assert!(acked[from..to].iter().all(|a| !a), "resent acknowledged bytes");
+                }
+                Ok(())
+            };
+            for op in ops {
+                match op {
+                    Op::Write(n) => {
+                        let n = n.min(source.len() - written);
+                        written += buf.write(&[&source[written..written + n]], n);
+                    }
+                    Op::Send(max) => {
+                        if let Some(c) = buf.next_chunk(max, u64::MAX) {
+                            check(&buf, c, &acked)?;
+                            flight.push(c);
+                        }
+                    }
+                    Op::Ack(i) if !flight.is_empty() => {
+                        let c = flight.remove(i.index(flight.len()));
+                        buf.ack(c.offset, c.len as u64, false);
+                        acked[c.offset as usize..c.offset as usize + c.len].fill(true);
+                    }
+                    Op::Lose(i) if !flight.is_empty() => {
+                        let c = flight.remove(i.index(flight.len()));
+                        buf.lost(c.offset, c.len as u64, false);
+                    }
+                    Op::Ack(_) | Op::Lose(_) => {}
+                }
+                let base = acked.iter().position(|a| !a).unwrap_or(acked.len()).min(written);
+                prop_assert_eq!(buf.buffered(), written - base);
+            }
+            // Everything in flight is lost; all that is left goes out and is acknowledged.
+            for c in flight.drain(..) {
+                buf.lost(c.offset, c.len as u64, false);
+            }
+            while let Some(c) = buf.next_chunk(1000, u64::MAX) {
+                check(&buf, c, &acked)?;
+                buf.ack(c.offset, c.len as u64, false);
+                acked[c.offset as usize..c.offset as usize + c.len].fill(true);
+            }
+            prop_assert_eq!(buf.buffered(), 0);
+            prop_assert!(acked[..written].iter().all(|&a| a));
+        }
     }
 }
