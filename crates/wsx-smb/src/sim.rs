@@ -27,6 +27,7 @@ pub const FILE: FileId = FileId {
 };
 pub const END_OF_FILE_STATUS: u32 = 0xc000_0011;
 pub const FILE_CLOSED_STATUS: u32 = 0xc000_0128;
+pub const INVALID_DEVICE_REQUEST_STATUS: u32 = 0xc000_0010;
 
 pub fn header(command: Command, message_id: u64, credit_charge: u16, credits: u16) -> Header {
     Header {
@@ -97,6 +98,11 @@ pub struct Server {
     /// The state of the lease each CREATE grants (with a lease context, as Windows
     /// servers and Samba answer a client that asks for one); `None`: no oplock, no lease.
     pub lease: Option<u32>,
+    /// Which CREATEs open a directory, in turn as `sizes` (its attributes say so; a READ
+    /// on it is a violation, answered STATUS_INVALID_DEVICE_REQUEST); empty: none.
+    pub directories: Vec<bool>,
+    /// The volatile ids of the directories opened.
+    pub directory_ids: BTreeSet<u64>,
 }
 
 impl Server {
@@ -116,6 +122,11 @@ impl Server {
                 None
             }
         }
+    }
+
+    /// Whether the `create`-th CREATE (from 0) opens a directory.
+    pub fn is_directory(&self, create: usize) -> bool {
+        !self.directories.is_empty() && self.directories[create % self.directories.len()]
     }
 
     /// Ids below the highest used that no request used: Samba's window cannot slide past
@@ -164,13 +175,19 @@ impl Server {
                         .get(self.creates % self.sizes.len().max(1))
                         .copied();
                     let volatile = FILE.volatile + self.creates as u64;
+                    let directory = self.is_directory(self.creates);
+                    if directory {
+                        self.directory_ids.insert(volatile);
+                    }
                     self.creates += 1;
                     self.opens.insert(volatile, size);
                     let mut b = vec![0; 88];
                     b[0] = 89;
                     let eof = size.unwrap_or(self.file.len()) as u64;
                     b[48..56].copy_from_slice(&eof.to_le_bytes());
-                    b[56..60].copy_from_slice(&0x80u32.to_le_bytes());
+                    // FileAttributes: NORMAL, or DIRECTORY.
+                    let attributes: u32 = if directory { 0x10 } else { 0x80 };
+                    b[56..60].copy_from_slice(&attributes.to_le_bytes());
                     b[64..72].copy_from_slice(&FILE.persistent.to_le_bytes());
                     b[72..80].copy_from_slice(&volatile.to_le_bytes());
                     if let Some(state) = self.lease {
@@ -209,6 +226,15 @@ impl Server {
                     let close = CloseRequest::parse(&m[HEADER_LEN..]).unwrap();
                     self.opens.remove(&close.file_id.volatile);
                     CloseRequest::RESPONSE_WITHOUT_ATTRIBUTES.to_vec()
+                }
+                Command::READ
+                    if crate::wire::messages::file_id_of(h.command, &m[HEADER_LEN..])
+                        .is_some_and(|id| self.directory_ids.contains(&id.volatile)) =>
+                {
+                    self.violations
+                        .push(format!("READ {} of a directory", h.message_id));
+                    answer.status = INVALID_DEVICE_REQUEST_STATUS;
+                    vec![9, 0, 0, 0, 0, 0, 0, 0, 0]
                 }
                 Command::READ => {
                     let read = ReadRequest::parse(&m[HEADER_LEN..]).unwrap();
@@ -351,6 +377,8 @@ pub struct Client {
     /// Once, after this many READs answered: a pause this long (µs) before the next
     /// request, beside `think_us`.
     pub pause: Option<(usize, u64)>,
+    /// What is open is a directory (its CREATE answer says so): queried, never read.
+    pub directory: bool,
 }
 
 impl Client {
@@ -443,7 +471,7 @@ impl Client {
             answer[16] = flags::SERVER_TO_REDIR as u8;
             return self.answered(&answer, now);
         }
-        if self.offset >= self.end_of_file {
+        if self.offset >= self.end_of_file || self.directory {
             return Some(self.close());
         }
         Some(self.read_request())
@@ -549,6 +577,8 @@ impl Client {
             (Step::Create, Command::CREATE) => {
                 let b = &m[HEADER_LEN..];
                 self.end_of_file = u64::from_le_bytes(b[48..56].try_into().unwrap());
+                // FileAttributes: DIRECTORY.
+                self.directory = b[56] & 0x10 != 0;
                 self.file_id = FileId::parse(&b[64..80]);
                 self.opened += 1;
                 self.offset = 0;
@@ -726,6 +756,8 @@ pub fn parties(len: usize, read_len: u32) -> (Client, Server) {
         violations: Vec::new(),
         next_async: 0,
         lease: None,
+        directories: Vec::new(),
+        directory_ids: BTreeSet::new(),
     };
     let client = Client {
         read_len,
@@ -756,6 +788,7 @@ pub fn parties(len: usize, read_len: u32) -> (Client, Server) {
         share_access: 1,
         think_us: 0,
         pause: None,
+        directory: false,
     };
     (client, server)
 }
