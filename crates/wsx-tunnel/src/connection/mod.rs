@@ -156,7 +156,7 @@ pub struct Connection {
     events: VecDeque<Event>,
     last_heard: Instant,
     last_sent: Instant,
-    /// When idle stream buffers are next looked for, while some are large.
+    /// When idle stream buffers are next looked for, while some hold memory.
     next_buffer_sweep: Instant,
     close_frame: Option<(u64, Vec<u8>)>,
     close_resend: bool,
@@ -655,7 +655,7 @@ impl Connection {
             timers.set(
                 Timer::BufferSweep,
                 self.streams
-                    .holds_large_buffers()
+                    .holds_buffers()
                     .then_some(self.next_buffer_sweep),
             );
         }

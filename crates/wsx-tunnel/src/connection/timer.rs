@@ -23,7 +23,7 @@ pub(super) enum Timer {
     Pacing,
     /// The open FEC block must be coded.
     FecFlush,
-    /// Streams holding large buffers are checked for idle ones to give back.
+    /// Streams holding buffers are checked for idle ones to give back.
     BufferSweep,
 }
 

@@ -23,11 +23,8 @@ use std::collections::VecDeque;
 use std::ops::Deref;
 use std::time::Instant;
 
-/// A stream buffer that stays empty gives memory back above this capacity
-/// ([`Streams::release_idle_buffers`]).
-const SHRINK_ABOVE: usize = 64 * 1024;
-/// How often a connection whose streams hold large buffers looks for idle ones: a buffer is
-/// given back after one to two of these without traffic.
+/// How often a connection whose streams hold buffers looks for idle ones: an empty buffer
+/// is given back after one to two of these without traffic.
 pub(crate) const BUFFER_SWEEP: std::time::Duration = std::time::Duration::from_secs(1);
 /// A stream may always buffer this much for sending (and queue it unsent), whatever its share
 /// of the connection's buffer and pace.
@@ -164,8 +161,8 @@ struct Stream {
     /// The application was told the end (`read` returned `Ok(None)`). Until then the stream
     /// is kept, so that the end is reported rather than an unknown stream.
     end_read: bool,
-    /// A buffer holds more than [`SHRINK_ABOVE`]: listed in `Streams::large`.
-    large: bool,
+    /// A buffer holds memory: listed in `Streams::holding`.
+    listed: bool,
     /// Data was written or received since the last [`Streams::release_idle_buffers`].
     busy: bool,
 }
@@ -192,28 +189,28 @@ impl Stream {
             unsent_limit: u64::MAX,
             dscp: 0,
             end_read: false,
-            large: false,
+            listed: false,
             busy: false,
         }
     }
 
-    /// Notes traffic on the stream; `true` when it must be listed in `Streams::large`.
+    /// Notes traffic on the stream; `true` when it must be listed in `Streams::holding`.
     fn note_traffic(&mut self) -> bool {
         self.busy = true;
-        self.list_if_large()
+        self.list_if_holding()
     }
 
-    /// `true` when a buffer is larger than [`SHRINK_ABOVE`] and the stream is not yet listed
-    /// in `Streams::large` (it must be, now): after data arrived or was written, and after a
+    /// `true` when a buffer holds memory and the stream is not yet listed in
+    /// `Streams::holding` (it must be, now): after data arrived or was written, and after a
     /// read or an acknowledgment that may have emptied a buffer the sweep had to leave.
-    fn list_if_large(&mut self) -> bool {
-        let newly = !self.large && self.holds_large_buffer();
-        self.large |= newly;
+    fn list_if_holding(&mut self) -> bool {
+        let newly = !self.listed && self.holds_buffer();
+        self.listed |= newly;
         newly
     }
 
-    fn holds_large_buffer(&self) -> bool {
-        self.send.capacity() > SHRINK_ABOVE || self.recv.capacity() > SHRINK_ABOVE
+    fn holds_buffer(&self) -> bool {
+        self.send.capacity() > 0 || self.recv.capacity() > 0
     }
 
     fn wants_to_send(&self, conn_credit: u64) -> bool {
@@ -308,8 +305,8 @@ pub(crate) struct Streams {
     /// queue (`unsent_limit`, their share of the pace) are woken by their own sending.
     write_blocked: Vec<StreamId>,
     queue_blocked: Vec<StreamId>,
-    /// Streams with a buffer larger than [`SHRINK_ABOVE`], to be given back once idle.
-    large: Vec<StreamId>,
+    /// Streams whose buffers hold memory, to be given back once idle.
+    holding: Vec<StreamId>,
     events: VecDeque<StreamEvent>,
 }
 
@@ -341,7 +338,7 @@ impl Streams {
             max_stream_data: VecDeque::new(),
             write_blocked: Vec::new(),
             queue_blocked: Vec::new(),
-            large: Vec::new(),
+            holding: Vec::new(),
             events: VecDeque::new(),
         }
     }
@@ -355,22 +352,24 @@ impl Streams {
             .sum()
     }
 
-    /// Whether some stream holds a buffer larger than [`SHRINK_ABOVE`]: the connection then
-    /// calls [`Streams::release_idle_buffers`] every [`BUFFER_SWEEP`].
-    pub(crate) fn holds_large_buffers(&self) -> bool {
-        !self.large.is_empty()
+    /// Whether some stream's buffers hold memory: the connection then calls
+    /// [`Streams::release_idle_buffers`] every [`BUFFER_SWEEP`].
+    pub(crate) fn holds_buffers(&self) -> bool {
+        !self.holding.is_empty()
     }
 
-    /// Gives back the memory of large buffers that are empty and saw no traffic since the
-    /// previous call. A buffer is not shrunk the moment it empties: a stream at full rate
+    /// Gives back all the memory of buffers that are empty and saw no traffic since the
+    /// previous call. A buffer is not freed the moment it empties: a stream at full rate
     /// empties its buffers many times a second, and shrinking and regrowing them cost the
-    /// receiving gateway a third of its CPU in fresh zeroed pages and their unmapping.
-    /// A quiet stream leaves the list either way: one whose large buffer still holds data
-    /// (its reader or the peer's acknowledgments stalled) is listed again by the read or
+    /// receiving gateway a third of its CPU in fresh zeroed pages and their unmapping. A
+    /// quiet one keeps nothing, however large it was: ten thousand SMB sessions open and
+    /// idle, each of which once read a file, held 64 KiB each when a floor was kept.
+    /// A quiet stream leaves the list either way: one whose buffer still holds data (its
+    /// reader or the peer's acknowledgments stalled) is listed again by the read or
     /// acknowledgment that empties it, so a stalled connection is not swept every second.
     pub(crate) fn release_idle_buffers(&mut self) {
         let map = &mut self.map;
-        self.large.retain(|id| {
+        self.holding.retain(|id| {
             let Some(stream) = map.get_mut(id) else {
                 return false;
             };
@@ -379,7 +378,7 @@ impl Streams {
             }
             stream.send.release_if_empty();
             stream.recv.release_if_empty();
-            stream.large = false;
+            stream.listed = false;
             false
         });
     }
@@ -566,7 +565,7 @@ impl Streams {
         // Room again (more acknowledged, a larger pace): a later refusal is judged afresh.
         stream.write_blocked = false;
         if stream.note_traffic() {
-            self.large.push(id);
+            self.holding.push(id);
         }
         self.buffered += n as u64;
         self.unsent += n as u64;
@@ -616,8 +615,8 @@ impl Streams {
             return Err(StreamError::Reset(code));
         }
         let n = stream.recv.read(buf);
-        if stream.list_if_large() {
-            self.large.push(id);
+        if stream.list_if_holding() {
+            self.holding.push(id);
         }
         if n == 0 {
             stream.readable_notified = false;
@@ -931,8 +930,8 @@ impl Streams {
                 };
                 let before = stream.send.buffered();
                 stream.send.ack(offset, u64::from(len), fin);
-                if stream.list_if_large() {
-                    self.large.push(id);
+                if stream.list_if_holding() {
+                    self.holding.push(id);
                 }
                 let freed = before - stream.send.buffered();
                 self.buffered -= freed as u64;
@@ -1118,15 +1117,15 @@ impl Streams {
         if f.push || f.fin {
             stream.recv.push_to(f.offset + f.data.len() as u64);
         }
-        let newly_large = stream.note_traffic();
+        let newly_listed = stream.note_traffic();
         let announce = stream.meta.is_some()
             && !stream.readable_notified
             && (stream.recv.readable() > 0 || stream.recv.is_finished());
         if announce {
             stream.readable_notified = true;
         }
-        if newly_large {
-            self.large.push(id);
+        if newly_listed {
+            self.holding.push(id);
         }
         self.received_data += grown;
         if self.received_data > self.recv_max_data {

@@ -6,7 +6,6 @@
 //! arriving in order, the usual case, moves one offset and touches no set. Out-of-order data therefore costs no allocation per segment, and the buffer
 //! never exceeds the flow-control window.
 
-use super::SHRINK_ABOVE;
 use crate::range_set::RangeSet;
 use std::collections::VecDeque;
 
@@ -150,12 +149,13 @@ impl RecvBuf {
         self.data.capacity()
     }
 
-    /// Gives memory above [`SHRINK_ABOVE`] back, if nothing is buffered. Not done on every
-    /// read that empties the buffer: a stream flowing fast empties it many times a second,
-    /// and each shrink and regrowth costs fresh pages, zeroed, and their unmapping.
+    /// Gives the buffer's memory back, if nothing is buffered. Not done on every read that
+    /// empties it (the caller waits for a quiet stream): a stream flowing fast empties it
+    /// many times a second, and each free and regrowth costs fresh pages, zeroed, and their
+    /// unmapping.
     pub(crate) fn release_if_empty(&mut self) {
-        if self.data.is_empty() && self.data.capacity() > SHRINK_ABOVE {
-            self.data.shrink_to(SHRINK_ABOVE);
+        if self.data.is_empty() {
+            self.data = VecDeque::new();
         }
     }
 

@@ -1,7 +1,6 @@
 //! A stream's send side: the bytes written but not yet acknowledged, what is still unsent and
 //! what must be sent again.
 
-use super::SHRINK_ABOVE;
 use crate::range_set::RangeSet;
 use std::collections::VecDeque;
 use std::ops::Deref;
@@ -205,11 +204,11 @@ impl SendBuf {
         self.data.capacity()
     }
 
-    /// Gives memory above [`SHRINK_ABOVE`] back, if nothing is buffered (see
+    /// Gives the buffer's memory back, if nothing is buffered (see
     /// `RecvBuf::release_if_empty`).
     pub(crate) fn release_if_empty(&mut self) {
-        if self.data.is_empty() && self.data.capacity() > SHRINK_ABOVE {
-            self.data.shrink_to(SHRINK_ABOVE);
+        if self.data.is_empty() {
+            self.data = VecDeque::new();
         }
     }
 
@@ -356,13 +355,13 @@ mod tests {
             let mut written = 0usize;
             let mut acked = vec![false; source.len()];
             let mut flight: Vec<Chunk> = Vec::new();
-            let mut check = |buf: &SendBuf, c: Chunk, acked: &[bool]| -> Result<(), TestCaseError> {
+            let check = |buf: &SendBuf, c: Chunk, acked: &[bool]| {
                 let (from, to) = (c.offset as usize, c.offset as usize + c.len);
                 prop_assert_eq!(sent(buf, c), &source[from..to]);
                 if c.retransmit {
-                    prop_assert!(acked[from..to].iter().all(|a| !a), "resent acknowledged bytes");
+                    prop_assert!(acked[from..to].iter().all(|a| !a), "resent acked bytes");
                 }
-                Ok(())
+                Ok::<(), TestCaseError>(())
             };
             for op in ops {
                 match op {
