@@ -216,6 +216,10 @@ pub(crate) struct BenchArgs {
     /// Sessions being opened at once, over all session clients.
     #[arg(long, default_value_t = 128)]
     concurrency: usize,
+    /// --sessions speak SMB2 to simulated servers on port 445 (each reads a 128 KiB file
+    /// to open and another after the hold) instead of echoing a request.
+    #[arg(long)]
+    sessions_smb: bool,
     /// Instead of bulk transfers, this many request/response exchanges one after another,
     /// one request outstanding (a file client keeping one READ in flight); modes: wsx,
     /// wsx-forward, direct-cubic, direct-bbr [default: direct-bbr and wsx].
@@ -599,6 +603,7 @@ fn run_sessions(args: &BenchArgs) -> Result<()> {
                 wan: args.wan.clone(),
                 ipv6: args.ipv6,
                 concurrency: args.concurrency,
+                smb: args.sessions_smb,
             };
             let record = run_case(&case, &binary, &mut most)
                 .with_context(|| format!("{} sessions {count:?}", mode.label()))?;

@@ -9,6 +9,12 @@
 //! sessions opened one after another beside the held ones. Then every held session echoes a
 //! second request and closes. A case is verified only when every session and every probe
 //! was echoed byte for byte, twice for the held ones.
+//!
+//! With `--sessions-smb` the sessions speak SMB2 instead, to the lab's simulated SMB
+//! servers on port 445 (`smb-server`, several processes sharing the port): each reads a
+//! file of 128 KiB to open and a second one to prove itself after the hold, byte for byte,
+//! with no protocol violation at either end, and the record keeps both gateways' SMB
+//! counters while the sessions are held.
 
 use crate::bench::{Mode, read_json, tempdir};
 use anyhow::{Context, Result, bail};
@@ -64,6 +70,8 @@ pub(crate) struct SessionsCase {
     pub(crate) ipv6: bool,
     /// Connections being opened at once, over all clients.
     pub(crate) concurrency: usize,
+    /// The sessions speak SMB2 to simulated servers on port 445.
+    pub(crate) smb: bool,
 }
 
 /// p50 and p99 of a set of times, in microseconds.
@@ -164,6 +172,9 @@ pub(crate) struct SessionsRecord {
     pub(crate) probes: Latency,
     /// gw-a, gw-b (the wsx mode).
     pub(crate) gateways: Option<[GatewaySessions; 2]>,
+    /// SMB sessions: each gateway's `smb` status (gw-a, gw-b) while all were held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) smb: Option<[serde_json::Value; 2]>,
     pub(crate) errors: BTreeMap<String, usize>,
     pub(crate) verified: bool,
 }
@@ -350,18 +361,25 @@ pub(crate) fn run_case(
         *most = Some(count);
     }
 
-    // Echo servers, one per client.
+    // Servers, one per client: echo servers on ports of their own, or SMB servers
+    // sharing port 445.
     let processes = count.div_ceil(PER_PROCESS).max(1);
     let mut servers = Vec::new();
     let mut addresses = Vec::new();
     for i in 0..processes {
-        let at = SocketAddr::new(server_ip, FIRST_PORT + i as u16);
+        let (at, command) = match case.smb {
+            true => (SocketAddr::new(server_ip, 445), "smb-server"),
+            false => (
+                SocketAddr::new(server_ip, FIRST_PORT + i as u16),
+                "echo-server",
+            ),
+        };
         let mut server = lab
             .command(Node::Server, binary)
-            .args(["echo-server", "--listen", &at.to_string()])
+            .args([command, "--listen", &at.to_string()])
             .stdout(Stdio::piped())
             .spawn()
-            .context("starting an echo server")?;
+            .with_context(|| format!("starting an {command}"))?;
         let mut ready = String::new();
         BufReader::new(server.stdout.take().context("echo server stdout")?)
             .read_line(&mut ready)?;
@@ -397,6 +415,7 @@ pub(crate) fn run_case(
                 "--seed",
                 &(1 + (i * PER_PROCESS * 2) as u64).to_string(),
             ])
+            .args(case.smb.then_some("--smb"))
             .arg("--json")
             .arg(&report)
             .stdin(Stdio::piped())
@@ -428,6 +447,13 @@ pub(crate) fn run_case(
             [live(Node::GwA)?, live(Node::GwB)?]
         }
         None => [0, 0],
+    };
+    let smb = match (&pair, case.smb) {
+        (Some(pair), true) => Some([
+            pair.status(&lab, Node::GwA)?["smb"].clone(),
+            pair.status(&lab, Node::GwB)?["smb"].clone(),
+        ]),
+        _ => None,
     };
     if let Some(first) = clients.first_mut() {
         first.tell(&format!("probe {PROBES}"))?;
@@ -495,7 +521,7 @@ pub(crate) fn run_case(
     }
     let verified = reports.iter().all(SessionsReport::verified) && probes.len() == PROBES;
     Ok(SessionsRecord {
-        kind: "sessions".into(),
+        kind: if case.smb { "smb-sessions" } else { "sessions" }.into(),
         mode: case.mode,
         ip: if case.ipv6 { "ipv6" } else { "ipv4" },
         rtt_ms: case.wan.rtt_ms,
@@ -515,6 +541,7 @@ pub(crate) fn run_case(
         opening: Latency::of(&opening),
         probes: Latency::of(&probes),
         gateways,
+        smb,
         errors,
         verified,
     })

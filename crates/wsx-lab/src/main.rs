@@ -165,12 +165,24 @@ enum Cmd {
         #[arg(long)]
         listen: SocketAddr,
     },
-    /// Open many sessions to echo servers and hold them: prints "opened", then obeys
-    /// "probe N" and "close" on standard input (see `traffic::sessions`).
+    /// Serve SMB2 (the simulated server of the engine's tests) on every connection, any
+    /// number at once, sharing the address with other processes (SO_REUSEPORT); prints
+    /// "ready" once listening.
+    SmbServer {
+        /// Address to listen on (port 445, for the gateways to see SMB).
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+    /// Open many sessions to echo servers (or SMB servers) and hold them: prints "opened",
+    /// then obeys "probe N" and "close" on standard input (see `traffic::sessions`).
     Sessions {
-        /// An echo server's address; repeat to spread the sessions over several.
+        /// A server's address; repeat to spread the sessions over several.
         #[arg(long, required = true)]
         to: Vec<SocketAddr>,
+        /// Speak SMB2 to `smb-server`s: each session reads a file to open, another to
+        /// prove itself after the hold.
+        #[arg(long)]
+        smb: bool,
         /// Sessions to open and hold.
         #[arg(long)]
         count: usize,
@@ -402,8 +414,13 @@ fn main() -> Result<()> {
             println!("ready {at}");
             let _ = std::io::stdout().flush();
         }),
+        Cmd::SmbServer { listen } => traffic::smb_server(listen, |at| {
+            println!("ready {at}");
+            let _ = std::io::stdout().flush();
+        }),
         Cmd::Sessions {
             to,
+            smb,
             count,
             concurrency,
             seed,
@@ -411,6 +428,11 @@ fn main() -> Result<()> {
         } => {
             let report = traffic::sessions(&traffic::SessionsOptions {
                 to,
+                speak: if smb {
+                    traffic::Speak::Smb
+                } else {
+                    traffic::Speak::Echo
+                },
                 count,
                 concurrency,
                 seed,

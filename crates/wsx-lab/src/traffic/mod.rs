@@ -25,7 +25,10 @@ pub use exchange::{AnswerReport, ExchangeOptions, ExchangeReport, answer, exchan
 pub use payload::{Payload, PayloadKind};
 pub use probe::{ProbeOptions, ProbeReport, echo, probe};
 pub use send::{SendOptions, SendReport, SentFlow, send};
-pub use sessions::{SessionTimes, SessionsOptions, SessionsReport, echo_server, sessions};
+pub use sessions::{
+    SMB_FILE_LEN, SMB_READ_LEN, SessionTimes, SessionsOptions, SessionsReport, Speak, echo_server,
+    sessions, smb_server,
+};
 pub use sink::{FlowReport, SinkOptions, SinkReport, sink};
 pub use tunnel::{TunnelKeys, TunnelReport, tunnel_send, tunnel_sink};
 pub use udp::send_paced;

@@ -13,6 +13,15 @@
 //!
 //! Every request is pseudo-random bytes of the session's own seed; an echo counts only when
 //! it is the request, byte for byte.
+//!
+//! With [`Speak::Smb`] a session is an SMB2 client instead ([`wsx_smb::sim`]'s, against
+//! [`smb_server`], the same simulation's strict server, on port 445 so that the gateways
+//! run it through their SMB engine): it negotiates, sets up its session and tree, and reads
+//! a file of [`SMB_FILE_LEN`] bytes (CREATE, QUERY_INFO, READs of [`SMB_READ_LEN`], CLOSE)
+//! to prove itself open; held between the two, it reads a second file to prove itself again
+//! (its QUERY_INFO, READ and CLOSE predicted by the gateways once they learnt the first).
+//! Each file must come back byte for byte, and neither end may see a protocol violation
+//! (an id used twice or beyond the credits granted, an unexpected answer).
 
 use super::{Payload, PayloadKind};
 use crate::sys;
@@ -26,6 +35,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use wsx_smb::sim::{Client, Step, framed, parties};
+use wsx_smb::wire::framing::Frames;
+use wsx_smb::wire::messages::QueryInfoRequest;
 
 /// Bytes of each request (and of its echo).
 pub(crate) const REQUEST_LEN: usize = 64;
@@ -33,11 +45,28 @@ pub(crate) const REQUEST_LEN: usize = 64;
 /// No single connect or echo may take longer than this.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What the sessions speak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Speak {
+    /// A request echoed byte for byte.
+    #[default]
+    Echo,
+    /// SMB2: a file read to open the session, another to prove it again.
+    Smb,
+}
+
+/// SMB sessions: the size of each file read.
+pub const SMB_FILE_LEN: usize = 128 * 1024;
+/// SMB sessions: the client's READ length.
+pub const SMB_READ_LEN: u32 = 64 * 1024;
+
 /// What the client opens.
 #[derive(Clone, Debug)]
 pub struct SessionsOptions {
-    /// The echo servers; sessions are spread over them in turn.
+    /// The servers; sessions are spread over them in turn.
     pub to: Vec<SocketAddr>,
+    /// What the sessions speak.
+    pub speak: Speak,
     /// Sessions to open and hold.
     pub count: usize,
     /// Connections being opened at once.
@@ -126,7 +155,7 @@ async fn drive(options: &SessionsOptions) -> Result<SessionsReport> {
                 for i in 0..n {
                     let to = options.to[i % options.to.len()];
                     let seed = probe_seed.wrapping_add(i as u64);
-                    match probe_one(to, seed).await {
+                    match probe_one(to, seed, options.speak).await {
                         Ok(times) => report.probes.push(times),
                         Err(e) => report.fail(&e),
                     }
@@ -148,8 +177,8 @@ fn say(line: &str) -> Result<()> {
     Ok(())
 }
 
-/// A held session: its stream and its seed.
-type Held = (TcpStream, u64);
+/// A held session: its stream, its seed, and for SMB its client.
+type Held = (TcpStream, u64, Option<Box<SmbSession>>);
 
 /// Opens `options.count` sessions, `options.concurrency` at a time.
 async fn open_all(options: &SessionsOptions, report: &mut SessionsReport) -> Vec<Held> {
@@ -162,10 +191,11 @@ async fn open_all(options: &SessionsOptions, report: &mut SessionsReport) -> Vec
         };
         let to = options.to[i % options.to.len()];
         let seed = options.seed.wrapping_add(i as u64);
+        let speak = options.speak;
         tasks.spawn(async move {
-            let opened = open_one(to, seed).await;
+            let opened = open_one(to, seed, speak).await;
             drop(permit);
-            opened.map(|(stream, times)| ((stream, seed), times))
+            opened.map(|(stream, smb, times)| ((stream, seed, smb), times))
         });
     }
     let mut held = Vec::with_capacity(options.count);
@@ -182,8 +212,12 @@ async fn open_all(options: &SessionsOptions, report: &mut SessionsReport) -> Vec
     held
 }
 
-/// Connects to `to` and has one request echoed.
-async fn open_one(to: SocketAddr, seed: u64) -> Result<(TcpStream, SessionTimes)> {
+/// Connects to `to` and proves the session: one request echoed, or an SMB file read.
+async fn open_one(
+    to: SocketAddr,
+    seed: u64,
+    speak: Speak,
+) -> Result<(TcpStream, Option<Box<SmbSession>>, SessionTimes)> {
     let start = sys::monotonic_ns();
     let mut stream = tokio::time::timeout(STEP_TIMEOUT, TcpStream::connect(to))
         .await
@@ -191,10 +225,21 @@ async fn open_one(to: SocketAddr, seed: u64) -> Result<(TcpStream, SessionTimes)
         .context("connect")?;
     let connected_ns = sys::monotonic_ns() - start;
     stream.set_nodelay(true)?;
-    echo_once(&mut stream, seed, 0).await?;
+    let smb = match speak {
+        Speak::Echo => {
+            echo_once(&mut stream, seed, 0).await?;
+            None
+        }
+        Speak::Smb => {
+            let mut smb = Box::new(SmbSession::new());
+            smb.read_file(&mut stream).await?;
+            Some(smb)
+        }
+    };
     let first_echo_ns = sys::monotonic_ns() - start;
     Ok((
         stream,
+        smb,
         SessionTimes {
             connected_ns,
             first_echo_ns,
@@ -203,16 +248,113 @@ async fn open_one(to: SocketAddr, seed: u64) -> Result<(TcpStream, SessionTimes)
     ))
 }
 
-/// Opens a session, has two requests echoed (the first opens the way through the
-/// gateways, the second finds it open) and closes it.
-async fn probe_one(to: SocketAddr, seed: u64) -> Result<SessionTimes> {
+/// Proves an open session again: a second request echoed, or a second file read.
+async fn prove_again(
+    stream: &mut TcpStream,
+    seed: u64,
+    smb: Option<&mut SmbSession>,
+) -> Result<()> {
+    match smb {
+        None => echo_once(stream, seed, 1).await,
+        Some(smb) => smb.read_file(stream).await,
+    }
+}
+
+/// Opens a session, proves it twice (the first opens the way through the gateways, the
+/// second finds it open) and closes it.
+async fn probe_one(to: SocketAddr, seed: u64, speak: Speak) -> Result<SessionTimes> {
     let start = sys::monotonic_ns();
-    let (mut stream, mut times) = open_one(to, seed).await?;
-    echo_once(&mut stream, seed, 1).await?;
+    let (mut stream, mut smb, mut times) = open_one(to, seed, speak).await?;
+    prove_again(&mut stream, seed, smb.as_deref_mut()).await?;
     times.second_echo_ns = sys::monotonic_ns() - start;
     stream.shutdown().await.context("close")?;
     Ok(times)
 }
+
+/// An SMB session's client: [`wsx_smb::sim::Client`] reading two files, one at each proof.
+#[derive(Debug)]
+pub(crate) struct SmbSession {
+    client: Client,
+    /// What each file holds (the simulated server's content).
+    file: Arc<[u8]>,
+    frames: Frames,
+    /// The next request, once the client has one: the first, then the second file's
+    /// CREATE while the session is held.
+    next: Option<Vec<u8>>,
+    start: std::time::Instant,
+}
+
+impl SmbSession {
+    fn new() -> Self {
+        let (mut client, server) = parties(SMB_FILE_LEN, SMB_READ_LEN);
+        client.files = 2;
+        client.queries = vec![FILE_ALL_INFORMATION];
+        let next = Some(client.start());
+        Self {
+            client,
+            file: server.file.into(),
+            frames: Frames::new(),
+            next,
+            start: std::time::Instant::now(),
+        }
+    }
+
+    /// Runs the client until it has read one more file and closed it: checks every byte,
+    /// and that the server's answers broke no rule the client checks.
+    async fn read_file(&mut self, stream: &mut TcpStream) -> Result<()> {
+        let files = self.client.opened + 1;
+        let mut buf = vec![0u8; 64 * 1024];
+        tokio::time::timeout(STEP_TIMEOUT, async {
+            loop {
+                if let Some(request) = self.next.take() {
+                    stream.write_all(&framed(&request)).await.context("write")?;
+                }
+                let n = stream.read(&mut buf).await.context("read")?;
+                anyhow::ensure!(n > 0, "the server closed the session");
+                let mut frames = Vec::new();
+                self.frames
+                    .feed(&buf[..n], |kind| kind == 0, |_, frame| frames.push(frame))
+                    .map_err(|_| anyhow::anyhow!("not an SMB session message"))?;
+                for frame in frames {
+                    let now = self.start.elapsed().as_micros() as u64;
+                    self.next = self.client.answered(&frame, now);
+                    if let Some(violation) = self.client.violations.first() {
+                        anyhow::bail!("SMB: {violation}");
+                    }
+                }
+                let closed = match self.client.step {
+                    Step::Done => true,
+                    Step::Create => self.client.opened == files,
+                    _ => false,
+                };
+                if closed {
+                    return anyhow::Ok(());
+                }
+            }
+        })
+        .await
+        .context("SMB file read timed out")??;
+        anyhow::ensure!(
+            *self.client.data == *self.file,
+            "SMB file {files} differs from the server's ({} bytes read)",
+            self.client.data.len()
+        );
+        self.client.data.clear();
+        Ok(())
+    }
+}
+
+/// What an SMB session's client queries after each CREATE: everything about the file.
+const FILE_ALL_INFORMATION: QueryInfoRequest = QueryInfoRequest {
+    info_type: 1,
+    file_info_class: 0x12,
+    output_buffer_length: 4096,
+    input_buffer_offset: 0x68,
+    input_buffer_length: 0,
+    additional_information: 0,
+    flags: 0,
+    file_id: wsx_smb::sim::FILE,
+};
 
 /// Sends request number `n` of the session seeded `seed` and checks its echo.
 async fn echo_once(stream: &mut TcpStream, seed: u64, n: u16) -> Result<()> {
@@ -234,12 +376,12 @@ async fn echo_once(stream: &mut TcpStream, seed: u64, n: u16) -> Result<()> {
 async fn close_all(held: Vec<Held>, options: &SessionsOptions, report: &mut SessionsReport) {
     let gate = Arc::new(Semaphore::new(options.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
-    for (mut stream, seed) in held {
+    for (mut stream, seed, mut smb) in held {
         let Ok(permit) = gate.clone().acquire_owned().await else {
             break;
         };
         tasks.spawn(async move {
-            let proved = echo_once(&mut stream, seed, 1).await;
+            let proved = prove_again(&mut stream, seed, smb.as_deref_mut()).await;
             let closed = stream.shutdown().await.context("close");
             drop(permit);
             proved.and(closed)
@@ -275,6 +417,78 @@ pub fn echo_server(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> Result
             }
         }
     })
+}
+
+/// Serves SMB2 on every connection accepted at `listen` (with `SO_REUSEPORT`, so that
+/// several processes may share one address): each gets its own
+/// [`wsx_smb::sim::Server`], which answers as strictly as the engine simulations' and
+/// whose files are [`SMB_FILE_LEN`] bytes; a request that breaks its rules (an id used
+/// twice, beyond the credits granted, on a file not open) ends the connection. `ready` is
+/// called once listening.
+pub fn smb_server(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> Result<()> {
+    sys::raise_open_file_limit();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let socket = match listen {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket
+            .bind(listen)
+            .with_context(|| format!("binding {listen}"))?;
+        let listener = socket.listen(4096)?;
+        ready(listener.local_addr()?);
+        serve_smb(listener).await
+    })
+}
+
+async fn serve_smb(listener: TcpListener) -> Result<()> {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(smb_connection(stream));
+            }
+            // Out of descriptors or similar: wait instead of spinning.
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+async fn smb_connection(mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let (_, mut server) = parties(SMB_FILE_LEN, SMB_READ_LEN);
+    let mut frames = Frames::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut requests = Vec::new();
+        if frames
+            .feed(&buf[..n], |kind| kind == 0, |_, frame| requests.push(frame))
+            .is_err()
+        {
+            return;
+        }
+        let mut out = Vec::new();
+        for request in requests {
+            for answer in server.answer(&request) {
+                out.extend_from_slice(&framed(&answer));
+            }
+        }
+        if let Some(violation) = server.violations.first() {
+            eprintln!("smb-server: {violation}; ending the connection");
+            return;
+        }
+        if stream.write_all(&out).await.is_err() {
+            return;
+        }
+    }
 }
 
 async fn echo_connection(mut stream: TcpStream) {
@@ -315,6 +529,7 @@ mod tests {
             });
             let options = SessionsOptions {
                 to: vec![to],
+                speak: Speak::Echo,
                 count: 50,
                 concurrency: 8,
                 seed: 5,
@@ -331,6 +546,91 @@ mod tests {
         assert!(report.verified(), "{report:?}");
         assert_eq!(report.opening.len(), 50);
         assert!(report.open_end_ns >= report.open_start_ns);
+    }
+
+    /// SMB sessions against the simulated server: each reads its first file to open, is
+    /// held, and reads its second to prove itself again; a probe does both in a row.
+    #[test]
+    fn smb_sessions_read_both_files_byte_for_byte() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (report, probe) = runtime.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let to = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            tokio::spawn(serve_smb(listener));
+            let options = SessionsOptions {
+                to: vec![to],
+                speak: Speak::Smb,
+                count: 20,
+                concurrency: 4,
+                seed: 5,
+            };
+            let mut report = SessionsReport {
+                count: 20,
+                ..SessionsReport::default()
+            };
+            let held = open_all(&options, &mut report).await;
+            report.opened = held.len();
+            assert!(
+                held.iter()
+                    .all(|(_, _, smb)| smb.as_ref().is_some_and(|s| s.client.opened == 1))
+            );
+            close_all(held, &options, &mut report).await;
+            (report, probe_one(to, 9, Speak::Smb).await)
+        });
+        assert!(report.verified(), "{report:?}");
+        let probe = probe.unwrap_or_else(|e| panic!("{e:#}"));
+        assert!(probe.second_echo_ns > probe.first_echo_ns);
+    }
+
+    /// A server that answers a READ with other bytes fails the session.
+    #[test]
+    fn an_smb_file_read_wrong_is_an_error() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let result = runtime.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let to = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            tokio::spawn(async move {
+                // The simulated server, but every READ answer's last byte flipped.
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (_, mut server) = parties(SMB_FILE_LEN, SMB_READ_LEN);
+                let mut frames = Frames::new();
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                    let mut requests = Vec::new();
+                    let _ = frames.feed(&buf[..n], |k| k == 0, |_, f| requests.push(f));
+                    for request in requests {
+                        for mut answer in server.answer(&request) {
+                            if answer[12] == 8 {
+                                if let Some(last) = answer.last_mut() {
+                                    *last ^= 1;
+                                }
+                            }
+                            if stream.write_all(&framed(&answer)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+            open_one(to, 1, Speak::Smb).await.map(|_| ())
+        });
+        let error = result.err().map(|e| format!("{e:#}"));
+        assert_eq!(
+            error.as_deref(),
+            Some("SMB file 1 differs from the server's (131072 bytes read)")
+        );
     }
 
     /// An echo that is not the request is a failure, not a session.
@@ -355,7 +655,7 @@ mod tests {
                     }
                 }
             });
-            open_one(to, 1).await
+            open_one(to, 1, Speak::Echo).await.map(|_| ())
         });
         let error = result.err().map(|e| format!("{e:#}"));
         assert_eq!(error.as_deref(), Some("echo differs from the request"));
