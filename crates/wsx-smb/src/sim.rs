@@ -29,6 +29,19 @@ pub const END_OF_FILE_STATUS: u32 = 0xc000_0011;
 pub const FILE_CLOSED_STATUS: u32 = 0xc000_0128;
 pub const INVALID_DEVICE_REQUEST_STATUS: u32 = 0xc000_0010;
 
+/// A QUERY_INFO for everything about a file (FileAllInformation), as clients ask after a
+/// CREATE.
+pub const FILE_ALL_INFORMATION: QueryInfoRequest = QueryInfoRequest {
+    info_type: 1,
+    file_info_class: 0x12,
+    output_buffer_length: 4096,
+    input_buffer_offset: 0x68,
+    input_buffer_length: 0,
+    additional_information: 0,
+    flags: 0,
+    file_id: FILE,
+};
+
 pub fn header(command: Command, message_id: u64, credit_charge: u16, credits: u16) -> Header {
     Header {
         credit_charge,

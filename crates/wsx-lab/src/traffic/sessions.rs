@@ -35,9 +35,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use wsx_smb::sim::{Client, Step, framed, parties};
+use wsx_smb::sim::{Client, FILE_ALL_INFORMATION, Step, framed, parties};
 use wsx_smb::wire::framing::Frames;
-use wsx_smb::wire::messages::QueryInfoRequest;
 
 /// Bytes of each request (and of its echo).
 pub(crate) const REQUEST_LEN: usize = 64;
@@ -344,18 +343,6 @@ impl SmbSession {
     }
 }
 
-/// What an SMB session's client queries after each CREATE: everything about the file.
-const FILE_ALL_INFORMATION: QueryInfoRequest = QueryInfoRequest {
-    info_type: 1,
-    file_info_class: 0x12,
-    output_buffer_length: 4096,
-    input_buffer_offset: 0x68,
-    input_buffer_length: 0,
-    additional_information: 0,
-    flags: 0,
-    file_id: wsx_smb::sim::FILE,
-};
-
 /// Sends request number `n` of the session seeded `seed` and checks its echo.
 async fn echo_once(stream: &mut TcpStream, seed: u64, n: u16) -> Result<()> {
     let mut request = [0u8; REQUEST_LEN];
@@ -458,7 +445,13 @@ async fn serve_smb(listener: TcpListener) -> Result<()> {
     }
 }
 
-async fn smb_connection(mut stream: TcpStream) {
+async fn smb_connection(stream: TcpStream) {
+    answer_smb(stream, |_| {}).await;
+}
+
+/// Answers SMB2 on `stream` with a fresh simulated server, each answer passed through
+/// `alter` first (a test's way to break one).
+async fn answer_smb(mut stream: TcpStream, alter: impl Fn(&mut Vec<u8>)) {
     let _ = stream.set_nodelay(true);
     let (_, mut server) = parties(SMB_FILE_LEN, SMB_READ_LEN);
     let mut frames = Frames::new();
@@ -477,7 +470,8 @@ async fn smb_connection(mut stream: TcpStream) {
         }
         let mut out = Vec::new();
         for request in requests {
-            for answer in server.answer(&request) {
+            for mut answer in server.answer(&request) {
+                alter(&mut answer);
                 out.extend_from_slice(&framed(&answer));
             }
         }
@@ -510,38 +504,58 @@ async fn echo_connection(mut stream: TcpStream) {
 mod tests {
     use super::*;
 
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    async fn loopback() -> (TcpListener, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let to = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        (listener, to)
+    }
+
+    /// Opens `count` sessions speaking `speak` to `to`, four at a time, lets `check` see
+    /// them held, then proves and closes them all.
+    async fn open_hold_close(
+        to: SocketAddr,
+        speak: Speak,
+        count: usize,
+        check: impl FnOnce(&[Held]),
+    ) -> SessionsReport {
+        let options = SessionsOptions {
+            to: vec![to],
+            speak,
+            count,
+            concurrency: 4,
+            seed: 5,
+        };
+        let mut report = SessionsReport {
+            count,
+            ..SessionsReport::default()
+        };
+        let held = open_all(&options, &mut report).await;
+        report.opened = held.len();
+        check(&held);
+        close_all(held, &options, &mut report).await;
+        report
+    }
+
     /// Sessions opened against a loopback echo server are all echoed twice.
     #[test]
     fn sessions_open_hold_and_close_verified() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let report = runtime.block_on(async {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let to = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let report = runtime().block_on(async {
+            let (listener, to) = loopback().await;
             tokio::spawn(async move {
                 while let Ok((stream, _)) = listener.accept().await {
                     tokio::spawn(echo_connection(stream));
                 }
             });
-            let options = SessionsOptions {
-                to: vec![to],
-                speak: Speak::Echo,
-                count: 50,
-                concurrency: 8,
-                seed: 5,
-            };
-            let mut report = SessionsReport {
-                count: 50,
-                ..SessionsReport::default()
-            };
-            let held = open_all(&options, &mut report).await;
-            report.opened = held.len();
-            close_all(held, &options, &mut report).await;
-            report
+            open_hold_close(to, Speak::Echo, 50, |_| {}).await
         });
         assert!(report.verified(), "{report:?}");
         assert_eq!(report.opening.len(), 50);
@@ -552,34 +566,16 @@ mod tests {
     /// held, and reads its second to prove itself again; a probe does both in a row.
     #[test]
     fn smb_sessions_read_both_files_byte_for_byte() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let (report, probe) = runtime.block_on(async {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let to = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let (report, probe) = runtime().block_on(async {
+            let (listener, to) = loopback().await;
             tokio::spawn(serve_smb(listener));
-            let options = SessionsOptions {
-                to: vec![to],
-                speak: Speak::Smb,
-                count: 20,
-                concurrency: 4,
-                seed: 5,
-            };
-            let mut report = SessionsReport {
-                count: 20,
-                ..SessionsReport::default()
-            };
-            let held = open_all(&options, &mut report).await;
-            report.opened = held.len();
-            assert!(
-                held.iter()
-                    .all(|(_, _, smb)| smb.as_ref().is_some_and(|s| s.client.opened == 1))
-            );
-            close_all(held, &options, &mut report).await;
+            let report = open_hold_close(to, Speak::Smb, 20, |held| {
+                let one_file_read = |smb: &Option<Box<SmbSession>>| {
+                    smb.as_ref().is_some_and(|s| s.client.opened == 1)
+                };
+                assert!(held.iter().all(|(_, _, smb)| one_file_read(smb)));
+            })
+            .await;
             (report, probe_one(to, 9, Speak::Smb).await)
         });
         assert!(report.verified(), "{report:?}");
@@ -590,38 +586,19 @@ mod tests {
     /// A server that answers a READ with other bytes fails the session.
     #[test]
     fn an_smb_file_read_wrong_is_an_error() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let result = runtime.block_on(async {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let to = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let result = runtime().block_on(async {
+            let (listener, to) = loopback().await;
             tokio::spawn(async move {
                 // The simulated server, but every READ answer's last byte flipped.
-                let Ok((mut stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let (_, mut server) = parties(SMB_FILE_LEN, SMB_READ_LEN);
-                let mut frames = Frames::new();
-                let mut buf = vec![0u8; 16 * 1024];
-                while let Ok(n @ 1..) = stream.read(&mut buf).await {
-                    let mut requests = Vec::new();
-                    let _ = frames.feed(&buf[..n], |k| k == 0, |_, f| requests.push(f));
-                    for request in requests {
-                        for mut answer in server.answer(&request) {
-                            if answer[12] == 8 {
-                                if let Some(last) = answer.last_mut() {
-                                    *last ^= 1;
-                                }
-                            }
-                            if stream.write_all(&framed(&answer)).await.is_err() {
-                                return;
-                            }
+                if let Ok((stream, _)) = listener.accept().await {
+                    answer_smb(stream, |answer| {
+                        if answer[12] == 8
+                            && let Some(last) = answer.last_mut()
+                        {
+                            *last ^= 1;
                         }
-                    }
+                    })
+                    .await;
                 }
             });
             open_one(to, 1, Speak::Smb).await.map(|_| ())
@@ -636,15 +613,8 @@ mod tests {
     /// An echo that is not the request is a failure, not a session.
     #[test]
     fn a_wrong_echo_is_counted_as_an_error() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let result = runtime.block_on(async {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let to = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let result = runtime().block_on(async {
+            let (listener, to) = loopback().await;
             tokio::spawn(async move {
                 // Answers with the right length and the wrong bytes.
                 if let Ok((mut stream, _)) = listener.accept().await {

@@ -294,18 +294,6 @@ fn a_write_ends_read_ahead_and_the_rest_is_read_from_the_server() {
     assert!(run.near.answered_locally < 31, "{:?}", run.near);
 }
 
-/// FileAllInformation, as smbclient asks it after each CREATE.
-const FILE_ALL_INFORMATION: QueryInfoRequest = QueryInfoRequest {
-    info_type: 1,
-    file_info_class: 0x12,
-    output_buffer_length: 4096,
-    input_buffer_offset: 0x68,
-    input_buffer_length: 0,
-    additional_information: 0,
-    flags: 0,
-    file_id: FILE,
-};
-
 /// Small files one after another, as a file client reads them (CREATE, QUERY_INFO, READ,
 /// CLOSE): far learns what the client does after the first CREATE and plays it for every
 /// later one, so each later file takes one round trip (its CREATE) instead of four.
