@@ -3,8 +3,9 @@
 //! Data is written at its offset into one buffer that starts at the application's read
 //! position, with holes left where packets are missing. What is real is the prefix up to
 //! `ready_to` (every byte there arrived) and a set of the ranges received beyond it: data
-//! arriving in order, the usual case, moves one offset and touches no set. Out-of-order data therefore costs no allocation per segment, and the buffer
-//! never exceeds the flow-control window.
+//! arriving in order, the usual case, moves one offset and touches no set. Out-of-order
+//! data costs no allocation per segment, and the buffer never exceeds the flow-control
+//! window.
 
 use crate::range_set::RangeSet;
 use std::collections::VecDeque;
