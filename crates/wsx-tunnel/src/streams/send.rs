@@ -326,8 +326,10 @@ mod tests {
     enum Op {
         Write(usize),
         Send(usize),
-        /// Acknowledge the in-flight piece picked by the index.
-        Ack(prop::sample::Index),
+        /// Acknowledge the piece picked by the index among those sent (in flight, or
+        /// declared lost and acknowledged late); with `again`, it may be acknowledged again.
+        Ack(prop::sample::Index, bool),
+        /// Declare the in-flight piece picked by the index lost.
         Lose(prop::sample::Index),
     }
 
@@ -335,7 +337,7 @@ mod tests {
         prop_oneof![
             (1usize..300).prop_map(Op::Write),
             (1usize..200).prop_map(Op::Send),
-            any::<prop::sample::Index>().prop_map(Op::Ack),
+            (any::<prop::sample::Index>(), any::<bool>()).prop_map(|(i, a)| Op::Ack(i, a)),
             any::<prop::sample::Index>().prop_map(Op::Lose),
         ]
     }
@@ -343,9 +345,10 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// Whatever order pieces are sent, acknowledged (out of order, twice) and lost in,
-        /// every piece carries the bytes written at its offset, nothing acknowledged is sent
-        /// again, and once all is acknowledged the buffer is empty.
+        /// Whatever order pieces are sent, acknowledged (out of order, twice, after being
+        /// declared lost) and lost in, every piece carries the bytes written at its offset,
+        /// nothing acknowledged is sent again, and once all is acknowledged the buffer is
+        /// empty.
         #[test]
         fn pieces_carry_the_written_bytes_until_all_are_acknowledged(
             ops in proptest::collection::vec(op(), 0..120),
@@ -355,6 +358,8 @@ mod tests {
             let mut written = 0usize;
             let mut acked = vec![false; source.len()];
             let mut flight: Vec<Chunk> = Vec::new();
+            // Declared lost, still to be acknowledged late (a spurious loss), or not.
+            let mut late: Vec<Chunk> = Vec::new();
             let check = |buf: &SendBuf, c: Chunk, acked: &[bool]| {
                 let (from, to) = (c.offset as usize, c.offset as usize + c.len);
                 prop_assert_eq!(sent(buf, c), &source[from..to]);
@@ -375,16 +380,22 @@ mod tests {
                             flight.push(c);
                         }
                     }
-                    Op::Ack(i) if !flight.is_empty() => {
-                        let c = flight.remove(i.index(flight.len()));
+                    Op::Ack(i, again) if !flight.is_empty() || !late.is_empty() => {
+                        let k = i.index(flight.len() + late.len());
+                        let c = match k.checked_sub(flight.len()) {
+                            None if again => flight[k],
+                            None => flight.remove(k),
+                            Some(k) => late.remove(k),
+                        };
                         buf.ack(c.offset, c.len as u64, false);
                         acked[c.offset as usize..c.offset as usize + c.len].fill(true);
                     }
                     Op::Lose(i) if !flight.is_empty() => {
                         let c = flight.remove(i.index(flight.len()));
                         buf.lost(c.offset, c.len as u64, false);
+                        late.push(c);
                     }
-                    Op::Ack(_) | Op::Lose(_) => {}
+                    Op::Ack(..) | Op::Lose(_) => {}
                 }
                 let base = acked.iter().position(|a| !a).unwrap_or(acked.len()).min(written);
                 prop_assert_eq!(buf.buffered(), written - base);
