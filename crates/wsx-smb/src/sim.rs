@@ -385,6 +385,8 @@ pub struct Client {
     /// The ShareAccess of its CREATEs (1: read only, which keeps writers out; 3: others
     /// may write, as Samba's smbclient opens).
     pub share_access: u32,
+    /// The name each CREATE opens, in turn (empty: none, as a share's root).
+    pub names: Vec<String>,
     /// How long it takes to send its next request once an answer is in, µs.
     pub think_us: u64,
     /// Once, after this many READs answered: a pause this long (µs) before the next
@@ -447,6 +449,18 @@ impl Client {
         let mut body = vec![0; 57];
         body[0] = 57;
         body[32..36].copy_from_slice(&self.share_access.to_le_bytes());
+        if !self.names.is_empty() {
+            // NameOffset (from the header's start) and NameLength, the name in UTF-16LE
+            // where the buffer starts.
+            let name: Vec<u8> = self.names[self.opened % self.names.len()]
+                .encode_utf16()
+                .flat_map(u16::to_le_bytes)
+                .collect();
+            body[44..46].copy_from_slice(&((HEADER_LEN + 56) as u16).to_le_bytes());
+            body[46..48].copy_from_slice(&(name.len() as u16).to_le_bytes());
+            body.truncate(56);
+            body.extend_from_slice(&name);
+        }
         self.request(Command::CREATE, 1, &body)
     }
 
@@ -799,6 +813,7 @@ pub fn parties(len: usize, read_len: u32) -> (Client, Server) {
         query_files: usize::MAX,
         query_at: 0,
         share_access: 1,
+        names: Vec::new(),
         think_us: 0,
         pause: None,
         directory: false,

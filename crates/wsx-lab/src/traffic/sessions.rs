@@ -20,8 +20,10 @@
 //! a file of [`SMB_FILE_LEN`] bytes (CREATE, QUERY_INFO, READs of [`SMB_READ_LEN`], CLOSE)
 //! to prove itself open; held between the two, it reads a second file to prove itself again
 //! (its QUERY_INFO, READ and CLOSE predicted by the gateways once they learnt the first).
-//! Each file must come back byte for byte, and neither end may see a protocol violation
-//! (an id used twice or beyond the credits granted, an unexpected answer).
+//! Each file has a name of its own (`s<seed>-<n>`) and content the server derives from the
+//! name, so a file must come back byte for byte as that session's; neither end may see a
+//! protocol violation (an id used twice or beyond the credits granted, an unexpected
+//! answer, anything after the last CLOSE's answer).
 
 use super::{Payload, PayloadKind};
 use crate::sys;
@@ -37,6 +39,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use wsx_smb::sim::{Client, FILE_ALL_INFORMATION, Step, framed, parties};
 use wsx_smb::wire::framing::Frames;
+use wsx_smb::wire::header::{Command, Messages};
 
 /// Bytes of each request (and of its echo).
 pub(crate) const REQUEST_LEN: usize = 64;
@@ -230,7 +233,7 @@ async fn open_one(
             None
         }
         Speak::Smb => {
-            let mut smb = Box::new(SmbSession::new());
+            let mut smb = Box::new(SmbSession::new(seed));
             smb.read_file(&mut stream).await?;
             Some(smb)
         }
@@ -259,23 +262,44 @@ async fn prove_again(
     }
 }
 
-/// Opens a session, proves it twice (the first opens the way through the gateways, the
-/// second finds it open) and closes it.
-async fn probe_one(to: SocketAddr, seed: u64, speak: Speak) -> Result<SessionTimes> {
-    let start = sys::monotonic_ns();
-    let (mut stream, mut smb, mut times) = open_one(to, seed, speak).await?;
-    prove_again(&mut stream, seed, smb.as_deref_mut()).await?;
-    times.second_echo_ns = sys::monotonic_ns() - start;
+/// Closes a proved session: for SMB, nothing may come after the last CLOSE's answer (the
+/// server closes its end at the client's).
+async fn close(mut stream: TcpStream, smb: Option<&SmbSession>) -> Result<()> {
     stream.shutdown().await.context("close")?;
-    Ok(times)
+    if smb.is_some() {
+        let mut rest = Vec::new();
+        tokio::time::timeout(STEP_TIMEOUT, stream.read_to_end(&mut rest))
+            .await
+            .context("the server did not close")?
+            .context("reading to the end")?;
+        anyhow::ensure!(
+            rest.is_empty(),
+            "SMB: {} bytes after the last CLOSE's answer",
+            rest.len()
+        );
+    }
+    Ok(())
+}
+
+/// Opens a session, proves it twice (the first opens the way through the gateways, the
+/// second finds it open) and closes it. In a task of its own: a panic of the simulated
+/// client on a bad answer fails this probe, not the process.
+async fn probe_one(to: SocketAddr, seed: u64, speak: Speak) -> Result<SessionTimes> {
+    tokio::spawn(async move {
+        let start = sys::monotonic_ns();
+        let (mut stream, mut smb, mut times) = open_one(to, seed, speak).await?;
+        prove_again(&mut stream, seed, smb.as_deref_mut()).await?;
+        times.second_echo_ns = sys::monotonic_ns() - start;
+        close(stream, smb.as_deref()).await?;
+        Ok(times)
+    })
+    .await?
 }
 
 /// An SMB session's client: [`wsx_smb::sim::Client`] reading two files, one at each proof.
 #[derive(Debug)]
 pub(crate) struct SmbSession {
     client: Client,
-    /// What each file holds (the simulated server's content).
-    file: Arc<[u8]>,
     frames: Frames,
     /// The next request, once the client has one: the first, then the second file's
     /// CREATE while the session is held.
@@ -284,14 +308,14 @@ pub(crate) struct SmbSession {
 }
 
 impl SmbSession {
-    fn new() -> Self {
-        let (mut client, server) = parties(SMB_FILE_LEN, SMB_READ_LEN);
+    fn new(seed: u64) -> Self {
+        let (mut client, _) = parties(0, SMB_READ_LEN);
         client.files = 2;
         client.queries = vec![FILE_ALL_INFORMATION];
+        client.names = vec![format!("s{seed}-1"), format!("s{seed}-2")];
         let next = Some(client.start());
         Self {
             client,
-            file: server.file.into(),
             frames: Frames::new(),
             next,
             start: std::time::Instant::now(),
@@ -333,14 +357,37 @@ impl SmbSession {
         })
         .await
         .context("SMB file read timed out")??;
+        let name = &self.client.names[files - 1];
         anyhow::ensure!(
-            *self.client.data == *self.file,
-            "SMB file {files} differs from the server's ({} bytes read)",
+            smb_content(name).is_some_and(|file| self.client.data == file),
+            "SMB file {name} differs from the server's ({} bytes read)",
             self.client.data.len()
         );
-        self.client.data.clear();
+        self.client.data = Vec::new();
         Ok(())
     }
+}
+
+/// What the lab's SMB server serves under `name` (`s<seed>-<n>`): [`SMB_FILE_LEN`]
+/// pseudo-random bytes of that seed and number; `None` for another name.
+fn smb_content(name: &str) -> Option<Vec<u8>> {
+    let (seed, n) = name.strip_prefix('s')?.split_once('-')?;
+    let mut file = vec![0u8; SMB_FILE_LEN];
+    Payload::new(PayloadKind::Random, seed.parse().ok()?, n.parse().ok()?).fill(&mut file);
+    Some(file)
+}
+
+/// The name a CREATE request opens (UTF-16LE at its NameOffset, from the header's start).
+fn created_name(message: &[u8]) -> Option<String> {
+    let body = message.get(wsx_smb::wire::header::HEADER_LEN..)?;
+    let at = usize::from(u16::from_le_bytes([*body.get(44)?, *body.get(45)?]));
+    let len = usize::from(u16::from_le_bytes([*body.get(46)?, *body.get(47)?]));
+    let units: Vec<u16> = message
+        .get(at..at + len)?
+        .chunks_exact(2)
+        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
+        .collect();
+    String::from_utf16(&units).ok()
 }
 
 /// Sends request number `n` of the session seeded `seed` and checks its echo.
@@ -369,9 +416,12 @@ async fn close_all(held: Vec<Held>, options: &SessionsOptions, report: &mut Sess
         };
         tasks.spawn(async move {
             let proved = prove_again(&mut stream, seed, smb.as_deref_mut()).await;
-            let closed = stream.shutdown().await.context("close");
+            let closed = match proved {
+                Ok(()) => close(stream, smb.as_deref()).await,
+                Err(e) => Err(e),
+            };
             drop(permit);
-            proved.and(closed)
+            closed
         });
     }
     while let Some(done) = tasks.join_next().await {
@@ -408,10 +458,10 @@ pub fn echo_server(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> Result
 
 /// Serves SMB2 on every connection accepted at `listen` (with `SO_REUSEPORT`, so that
 /// several processes may share one address): each gets its own
-/// [`wsx_smb::sim::Server`], which answers as strictly as the engine simulations' and
-/// whose files are [`SMB_FILE_LEN`] bytes; a request that breaks its rules (an id used
-/// twice, beyond the credits granted, on a file not open) ends the connection. `ready` is
-/// called once listening.
+/// [`wsx_smb::sim::Server`], which answers as strictly as the engine simulations', and
+/// each file a session opens holds what its name says ([`SMB_FILE_LEN`] bytes); a request
+/// that breaks the server's rules (an id used twice, beyond the credits granted, on a file
+/// not open) ends the connection. `ready` is called once listening.
 pub fn smb_server(listen: SocketAddr, ready: impl FnOnce(SocketAddr)) -> Result<()> {
     sys::raise_open_file_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -453,7 +503,7 @@ async fn smb_connection(stream: TcpStream) {
 /// `alter` first (a test's way to break one).
 async fn answer_smb(mut stream: TcpStream, alter: impl Fn(&mut Vec<u8>)) {
     let _ = stream.set_nodelay(true);
-    let (_, mut server) = parties(SMB_FILE_LEN, SMB_READ_LEN);
+    let (_, mut server) = parties(0, SMB_READ_LEN);
     let mut frames = Frames::new();
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -470,6 +520,14 @@ async fn answer_smb(mut stream: TcpStream, alter: impl Fn(&mut Vec<u8>)) {
         }
         let mut out = Vec::new();
         for request in requests {
+            // One file open at a time: a CREATE names what the READs that follow read.
+            let opened = Messages::new(&request)
+                .find(|(h, _)| h.command == Command::CREATE)
+                .and_then(|(_, message)| created_name(message))
+                .and_then(|name| smb_content(&name));
+            if let Some(file) = opened {
+                server.file = file;
+            }
             for mut answer in server.answer(&request) {
                 alter(&mut answer);
                 out.extend_from_slice(&framed(&answer));
@@ -606,7 +664,7 @@ mod tests {
         let error = result.err().map(|e| format!("{e:#}"));
         assert_eq!(
             error.as_deref(),
-            Some("SMB file 1 differs from the server's (131072 bytes read)")
+            Some("SMB file s1-1 differs from the server's (131072 bytes read)")
         );
     }
 
