@@ -7,10 +7,12 @@
 //!   plus its credit charge, and so on), each of the client's block, or of the file's rest
 //!   at its end if the client asks only that.
 //! - **Open-ahead.** A file just opened (its CREATE answered): what the client did after
-//!   opening the last file it opened (its QUERY_INFOs, then its first READ; a `Script`
-//!   learnt from the requests that reached far), with the ids that follow the CREATE's,
-//!   played only if the client has sent nothing since its CREATE and nothing else is
-//!   predicted. Beyond that first READ, read-ahead goes on once the client has taken it.
+//!   opening the last file it opened (its QUERY_INFOs, then its first READ and those that
+//!   followed it in a row, at most [`MAX_SCRIPT_READS`]; a `Script` learnt from the
+//!   requests that reached far and the answers near gave), with the ids that follow the
+//!   CREATE's, played only if the client has sent nothing since its CREATE and nothing
+//!   else is predicted. Beyond that, read-ahead goes on once the client has taken the
+//!   first READ.
 //!   A miss forgets the script; far learns it again from the next file opened.
 //!
 //! - **Ids.** While predictions hold, the server sees exactly the client's ids. A client
@@ -164,15 +166,42 @@ struct Claimed {
 }
 
 /// What a client did with the files it opened, after each CREATE: the QUERY_INFOs it sent
-/// before reading, and its first READ (at offset 0), if it read. Far learns it from the
-/// last file it saw opened without predictions and plays it for the next one. A first READ
-/// that took the whole file may have asked for less than the client's block (it asked for
-/// the file's size): far then plays a READ of the charge it had, as long as that allows.
+/// before reading, its first READ (at offset 0), if it read, and how far it then read that
+/// file in a row. Far learns it from the last file it saw opened without predictions and
+/// plays it for the next one. A first READ that took the whole file may have asked for less
+/// than the client's block (it asked for the file's size): far then plays a READ of the
+/// charge it had, as long as that allows.
 #[derive(Debug, Clone, Default)]
 struct Script {
     queries: Vec<(Header, QueryInfoRequest)>,
     read: Option<(Header, ReadRequest)>,
+    /// The bytes from the file's start the client read in a row (its first READ and those
+    /// that followed it, none longer than the first), at most [`MAX_SCRIPT_READS`] blocks:
+    /// how far far reads the next file ahead before the client has taken anything of it.
+    read_to: u64,
 }
+
+impl Script {
+    /// The client read `offset..offset + length` of the file this script was learnt from
+    /// (near's answer or the server's): one more READ in a row extends it.
+    fn read_on(&mut self, file_id: FileId, offset: u64, length: u32) {
+        let Some((_, first)) = self.read else {
+            return;
+        };
+        let reach = u64::from(first.length) * MAX_SCRIPT_READS;
+        if first.file_id == file_id
+            && offset == self.read_to
+            && length <= first.length
+            && offset + u64::from(length) <= reach
+        {
+            self.read_to += u64::from(length);
+        }
+    }
+}
+
+/// READs of the client's block a script plays at most before the client has taken the
+/// first: a client that reads less of the next file costs the server no more.
+pub const MAX_SCRIPT_READS: u64 = 16;
 
 /// Bytes a READ may ask per credit it is charged (SMB 2.1 on).
 const BYTES_PER_CREDIT: u32 = 65536;
@@ -244,10 +273,13 @@ struct File {
     next_id: u64,
     /// The client's requests on it so far, while far learns a [`Script`] from it.
     learning: Option<Script>,
-    /// The client has read it as far predicts: beyond a script's first READ, far reads
+    /// The client has read it as far predicts: beyond what a script plays, far reads
     /// ahead only once the client has taken it (a script's guess of the client's block may
     /// be wrong, and a window of wrong READs costs the server).
     confirmed: bool,
+    /// How far a script said the client reads it in a row: read ahead before the client
+    /// has taken anything ([`Script::read_to`]; 0 without one).
+    scripted_to: u64,
 }
 
 /// Far's outstanding predictions by the client id each is for, with the bytes their
@@ -726,10 +758,13 @@ impl Far {
         let interval = u64::from(self.validity_ms / UPTAKE_INTERVALS).max(1);
         self.uptake
             .consumed(self.clock.ms(), u64::from(key.read_length()), interval);
-        if let Key::Read(read) = key
-            && let Some(file) = self.files.get_mut(&read.file_id)
-        {
-            file.confirmed = true;
+        if let Key::Read(read) = key {
+            if let Some(script) = &mut self.script {
+                script.read_on(read.file_id, read.offset, read.length);
+            }
+            if let Some(file) = self.files.get_mut(&read.file_id) {
+                file.confirmed = true;
+            }
         }
     }
 
@@ -817,7 +852,10 @@ impl Far {
                     .max(read.length);
             }
             script.read = Some((*header, read));
+            script.read_to = next;
             self.script = Some(script);
+        } else if let Some(script) = &mut self.script {
+            script.read_on(read.file_id, read.offset, read.length);
         }
         // A READ past the end asks the whole block; one that ends at the end and asks less
         // than the block asks only the rest.
@@ -921,6 +959,7 @@ impl Far {
                 next_id: 0,
                 learning: Some(Script::default()),
                 confirmed: false,
+                scripted_to: 0,
             },
         );
         if eligible {
@@ -962,7 +1001,7 @@ impl Far {
         if let Some(file) = self.files.get_mut(&opened.file_id) {
             file.learning = script.read.is_none().then(|| Script {
                 queries: script.queries.clone(),
-                read: None,
+                ..Script::default()
             });
         }
         let mut id = opened.next_id;
@@ -1007,6 +1046,7 @@ impl Far {
         };
         file.template = Some((header, read));
         file.next_id = id;
+        file.scripted_to = script.read_to;
         self.active = Some(opened.file_id);
     }
 
@@ -1149,7 +1189,7 @@ impl Far {
             let rest = file.end_of_file.saturating_sub(file.next_offset);
             if file.ahead != Ahead::On
                 || rest == 0
-                || (!file.confirmed && file.next_offset > 0)
+                || (!file.confirmed && file.next_offset > 0 && file.next_offset >= file.scripted_to)
                 // Its answer, and the record that carries it, must fit a frame.
                 || read.length as usize > MAX_FRAME_LEN - 4096
             {

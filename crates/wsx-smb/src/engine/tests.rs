@@ -343,6 +343,33 @@ fn small_files_take_one_round_trip_each_once_far_has_learnt_the_client() {
     assert_eq!(run.far.missed, 0, "{:?}", run.far);
 }
 
+/// Files of two READs each: far plays what the client read of the last file, both blocks,
+/// with each CREATE's answer, so that every file after the first takes one round trip.
+#[test]
+fn files_of_several_reads_are_opened_ahead_as_far_as_the_client_read_the_last() {
+    let ahead = run(128 << 10, 64 << 10, 100, 8 << 20, |c, _| {
+        c.files = 20;
+        c.queries = vec![FILE_ALL_INFORMATION];
+    });
+    check(&ahead);
+    // The first file's second READ (read ahead) and CLOSE; each file after it: its
+    // QUERY_INFO, both READs and its CLOSE.
+    assert_eq!(ahead.near.answered_locally, 2 + 19 * 4, "{:?}", ahead.near);
+    assert_eq!(
+        (ahead.far.missed, ahead.far.prefetched),
+        (0, 1 + 19 * 3),
+        "{:?}",
+        ahead.far
+    );
+    // The setup, the first file's four round trips (its second READ read ahead), then one
+    // per file.
+    assert!(
+        ahead.finished_ms <= (3 + 4 + 19) * 100 + 50,
+        "{} ms",
+        ahead.finished_ms
+    );
+}
+
 /// Files of sizes that are not a multiple of the client's READ, read by a client that
 /// asks only for each file's rest at its end, and one that queries only the first files:
 /// every byte right, ids and credits right, and the change of habit costs one miss.
