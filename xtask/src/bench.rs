@@ -604,6 +604,7 @@ fn run_sessions(args: &BenchArgs) -> Result<()> {
                 ipv6: args.ipv6,
                 concurrency: args.concurrency,
                 smb: args.sessions_smb,
+                settings: request_settings(args, Fec::Adaptive),
             };
             let record = run_case(&case, &binary, &mut most)
                 .with_context(|| format!("{} sessions {count:?}", mode.label()))?;

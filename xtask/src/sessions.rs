@@ -72,6 +72,8 @@ pub(crate) struct SessionsCase {
     pub(crate) concurrency: usize,
     /// The sessions speak SMB2 to simulated servers on port 445.
     pub(crate) smb: bool,
+    /// The gateways' settings (wsx mode).
+    pub(crate) settings: crate::gateway::Settings,
 }
 
 /// p50 and p99 of a set of times, in microseconds.
@@ -158,6 +160,9 @@ pub(crate) struct SessionsRecord {
     pub(crate) rtt_ms: f64,
     pub(crate) loss_pct: f64,
     pub(crate) rate_mbit: f64,
+    /// The rate the gateways were told (wsx mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max_rate_mbit: Option<f64>,
     pub(crate) sessions: usize,
     pub(crate) opened: usize,
     pub(crate) held_verified: usize,
@@ -182,8 +187,10 @@ pub(crate) struct SessionsRecord {
 impl SessionsRecord {
     pub(crate) fn summary(&self) -> String {
         let mut line = format!(
-            "{} {} sessions: {}/{} opened, {} held and proved, {:.0}/s; probe connect p50 {:.0} µs, first echo p50 {:.0} p99 {:.0} µs, second echo p50 {:.0} p99 {:.0} µs",
+            "{}{} {} sessions: {}/{} opened, {} held and proved, {:.0}/s; probe connect p50 {:.0} µs, first echo p50 {:.0} p99 {:.0} µs, second echo p50 {:.0} p99 {:.0} µs",
             self.mode.label(),
+            self.max_rate_mbit
+                .map_or(String::new(), |r| format!(" max {r}")),
             self.sessions,
             self.opened,
             self.sessions,
@@ -325,7 +332,7 @@ pub(crate) fn run_case(
             &lab,
             &work,
             binary,
-            crate::gateway::Settings::default(),
+            case.settings,
             None,
         )?),
         Mode::DirectCubic | Mode::DirectBbr => None,
@@ -527,6 +534,7 @@ pub(crate) fn run_case(
         rtt_ms: case.wan.rtt_ms,
         loss_pct: case.wan.loss_pct,
         rate_mbit: case.wan.rate_mbit,
+        max_rate_mbit: case.settings.max_rate_mbit.filter(|_| case.mode.is_wsx()),
         sessions: count,
         opened,
         held_verified: reports.iter().map(|r| r.held_verified).sum(),
