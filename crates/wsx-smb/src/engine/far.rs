@@ -179,6 +179,9 @@ struct Script {
     /// that followed it, none longer than the first), at most [`MAX_SCRIPT_READS`] blocks:
     /// how far far reads the next file ahead before the client has taken anything of it.
     read_to: u64,
+    /// The file it is learnt from is still open: its READs extend `read_to` (a later file
+    /// the server gives the same id must not).
+    reading: bool,
 }
 
 impl Script {
@@ -189,7 +192,8 @@ impl Script {
             return;
         };
         let reach = u64::from(first.length) * MAX_SCRIPT_READS;
-        if first.file_id == file_id
+        if self.reading
+            && first.file_id == file_id
             && offset == self.read_to
             && length <= first.length
             && offset + u64::from(length) <= reach
@@ -237,7 +241,7 @@ impl Opened {
 /// Whether far reads a file ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ahead {
-    /// It may (beyond a script's first READ, once the client has taken what far predicted).
+    /// It may (beyond what a script plays, once the client has taken what far predicted).
     On,
     /// Stopped by a miss (a prediction's id spent, an answer dropped at near), not by the
     /// file, the server or a request that changes it: read-ahead resumes once the client
@@ -806,13 +810,18 @@ impl Far {
                 {
                     self.script = Some(script);
                 }
+                self.script_file_closed();
             }
             // Handles the session or the tree had are closed with it.
-            Command::LOGOFF => self.files.retain(|_, f| f.session_id != header.session_id),
+            Command::LOGOFF => {
+                self.files.retain(|_, f| f.session_id != header.session_id);
+                self.script_file_closed();
+            }
             Command::TREE_DISCONNECT => {
                 if let TreeOrAsync::Tree { tree_id, .. } = header.tree_or_async {
                     self.files
                         .retain(|_, f| f.session_id != header.session_id || f.tree_id != tree_id);
+                    self.script_file_closed();
                 }
             }
             Command::WRITE
@@ -828,6 +837,17 @@ impl Far {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The file the script is learnt from may be closed: if so, the script is whole (a
+    /// file opened later with the same id does not extend it).
+    fn script_file_closed(&mut self) {
+        if let Some(script) = &mut self.script
+            && let Some((_, read)) = script.read
+            && !self.files.contains_key(&read.file_id)
+        {
+            script.reading = false;
         }
     }
 
@@ -853,6 +873,7 @@ impl Far {
             }
             script.read = Some((*header, read));
             script.read_to = next;
+            script.reading = true;
             self.script = Some(script);
         } else if let Some(script) = &mut self.script {
             script.read_on(read.file_id, read.offset, read.length);
