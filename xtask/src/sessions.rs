@@ -34,6 +34,10 @@ const PER_PROCESS: usize = 8_000;
 /// Fresh sessions timed one after another while the others are held.
 const PROBES: usize = 200;
 
+/// How long after the sessions closed the gateways' memory is looked at again: two of the
+/// daemon's checks for freed memory to give back.
+const SETTLE: Duration = Duration::from_secs(10);
+
 /// The first echo server's port; the others follow.
 const FIRST_PORT: u16 = 7001;
 
@@ -133,10 +137,13 @@ impl Latency {
 /// What one gateway spent on the sessions.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct GatewaySessions {
-    /// Resident memory (KiB) before the sessions, while all were held, and after they closed.
+    /// Resident memory (KiB) before the sessions, while all were held, and after they closed
+    /// (2 s after, and 12 s after: the daemon gives freed memory back every 5 s).
     pub(crate) idle_rss_kib: u64,
     pub(crate) held_rss_kib: u64,
     pub(crate) after_rss_kib: u64,
+    #[serde(default)]
+    pub(crate) settled_rss_kib: u64,
     /// Open descriptors at the same three moments.
     pub(crate) idle_fds: u64,
     pub(crate) held_fds: u64,
@@ -206,10 +213,15 @@ impl SessionsRecord {
             for (name, g) in ["gw-a", "gw-b"].iter().zip(gateways) {
                 let n = self.opened.max(1) as f64;
                 line += &format!(
-                    "; {name}: {:.1} KiB and {:.2} fds a session, {:.3} ms CPU a session opened",
+                    "; {name}: {:.1} KiB and {:.2} fds a session, {:.3} ms CPU a session opened, \
+                     RSS {} MiB idle, {} held, {} closed, {} settled",
                     (g.held_rss_kib as f64 - g.idle_rss_kib as f64) / n,
                     (g.held_fds as f64 - g.idle_fds as f64) / n,
                     g.open_cpu_s * 1000.0 / n,
+                    g.idle_rss_kib >> 10,
+                    g.held_rss_kib >> 10,
+                    g.after_rss_kib >> 10,
+                    g.settled_rss_kib >> 10,
                 );
             }
         }
@@ -489,6 +501,12 @@ pub(crate) fn run_case(
     let after = pids
         .map(|[a, b]| Ok::<_, anyhow::Error>([sample(a)?, sample(b)?]))
         .transpose()?;
+    if pids.is_some() {
+        std::thread::sleep(SETTLE);
+    }
+    let settled = pids
+        .map(|[a, b]| Ok::<_, anyhow::Error>([sample(a)?, sample(b)?]))
+        .transpose()?;
     drop(servers);
     if let Some(pair) = pair {
         pair.stop(&lab)?;
@@ -496,12 +514,13 @@ pub(crate) fn run_case(
     drop(lab);
     let _ = std::fs::remove_dir_all(&work);
 
-    let gateways = match (idle, held, before_close, closed, after) {
-        (Some(idle), Some(held), Some(before_close), Some(closed), Some(after)) => {
+    let gateways = match (idle, held, before_close, closed, after, settled) {
+        (Some(idle), Some(held), Some(before_close), Some(closed), Some(after), Some(settled)) => {
             let one = |i: usize| GatewaySessions {
                 idle_rss_kib: idle[i].0,
                 held_rss_kib: held[i].0,
                 after_rss_kib: after[i].0,
+                settled_rss_kib: settled[i].0,
                 idle_fds: idle[i].1,
                 held_fds: held[i].1,
                 after_fds: after[i].1,

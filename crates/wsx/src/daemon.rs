@@ -45,6 +45,7 @@ pub(crate) fn run(path: &Path) -> Result<()> {
         info!(version = env!("CARGO_PKG_VERSION"), config = %path.display(), "wsx running");
         notify(&[sd_notify::NotifyState::Ready]);
         let watchdog = tokio::spawn(watchdog());
+        let release = tokio::spawn(crate::memory::release_after_waves());
         let mut hangup = signal(SignalKind::hangup())?;
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
@@ -66,6 +67,7 @@ pub(crate) fn run(path: &Path) -> Result<()> {
         info!(deadline = ?drain, "stopping");
         notify(&[sd_notify::NotifyState::Stopping]);
         watchdog.abort();
+        release.abort();
         if let Some(api) = api {
             api.shutdown(Duration::from_secs(1)).await;
         }

@@ -27,6 +27,7 @@ mod control;
 mod daemon;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+mod memory;
 
 use anyhow::{Context, Result};
 use base64::Engine;
