@@ -358,6 +358,9 @@ pub struct Client {
     pub setup_credits: u16,
     /// Asks for no more than the file's rest (smbprotocol does; smbclient asks whole).
     pub trim_last: bool,
+    /// From the file of this number on (the first is 1), reads no more than these bytes
+    /// of each before closing it: a client that looks only at the start of a file.
+    pub read_limit: Option<(usize, u64)>,
     /// Instead of reading the file through: these requests, one at a time, each READ's
     /// answer checked against `expect` (the file).
     pub script: Option<(VecDeque<Op>, Vec<u8>)>,
@@ -462,6 +465,12 @@ impl Client {
             body.extend_from_slice(&name);
         }
         self.request(Command::CREATE, 1, &body)
+    }
+
+    /// The file open has been read as far as [`Client::read_limit`] allows.
+    fn read_enough(&self) -> bool {
+        self.read_limit
+            .is_some_and(|(from, limit)| self.opened >= from && self.offset >= limit)
     }
 
     /// The CLOSE of the file read.
@@ -694,7 +703,7 @@ impl Client {
                         return Some(self.request(Command::WRITE, 1, &body));
                     }
                 }
-                if self.offset >= self.end_of_file {
+                if self.offset >= self.end_of_file || self.read_enough() {
                     return Some(self.close());
                 }
                 Some(self.read_request())
@@ -799,6 +808,7 @@ pub fn parties(len: usize, read_len: u32) -> (Client, Server) {
         write_after: None,
         setup_credits: 64,
         trim_last: false,
+        read_limit: None,
         script: None,
         scripted_read: None,
         violations: Vec::new(),

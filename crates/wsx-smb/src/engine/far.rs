@@ -3,9 +3,10 @@
 //! the client will send next with the MessageIds the client will use, inside the server's
 //! credit window, and ships each answer to near after announcing it. Two kinds:
 //!
-//! - **Read-ahead.** A client reading a file: the READs that follow (the last READ's id
-//!   plus its credit charge, and so on), each of the client's block, or of the file's rest
-//!   at its end if the client asks only that.
+//! - **Read-ahead.** A client reading a file on (it asked for, or took, a block after its
+//!   first): the READs that follow (the last READ's id plus its credit charge, and so on),
+//!   each of the client's block, or of the file's rest at its end if the client asks only
+//!   that. A client that reads only the start of a file and closes it costs no miss.
 //! - **Open-ahead.** A file just opened (its CREATE answered): what the client did after
 //!   opening the last file it opened (its QUERY_INFOs, then its first READ and those that
 //!   followed it in a row, at most [`MAX_SCRIPT_READS`]; a `Script` learnt from the
@@ -277,9 +278,10 @@ struct File {
     next_id: u64,
     /// The client's requests on it so far, while far learns a [`Script`] from it.
     learning: Option<Script>,
-    /// The client has read it as far predicts: beyond what a script plays, far reads
-    /// ahead only once the client has taken it (a script's guess of the client's block may
-    /// be wrong, and a window of wrong READs costs the server).
+    /// The client reads it on: it asked for, or took, a block after its first. Beyond what a
+    /// script plays, far reads ahead only then (a client may read only the start of a
+    /// file, and a script's guess of its block may be wrong: a window of wrong READs costs
+    /// the server).
     confirmed: bool,
     /// How far a script said the client reads it in a row: read ahead before the client
     /// has taken anything ([`Script::read_to`]; 0 without one).
@@ -766,7 +768,10 @@ impl Far {
             if let Some(script) = &mut self.script {
                 script.read_on(read.file_id, read.offset, read.length);
             }
-            if let Some(file) = self.files.get_mut(&read.file_id) {
+            // A block after the first: the client reads on.
+            if let Some(file) = self.files.get_mut(&read.file_id)
+                && read.offset > 0
+            {
                 file.confirmed = true;
             }
         }
@@ -893,10 +898,11 @@ impl Far {
                 && file.ahead == Ahead::On
                 && self.active.is_none() =>
             {
+                // Read ahead from the client's next block on, once it asks for it or a
+                // script says it will: a client may look at the start of a file and close.
                 file.template = Some((*header, *read));
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
-                file.confirmed = true;
                 self.active = Some(read.file_id);
             }
             Some((_, template))

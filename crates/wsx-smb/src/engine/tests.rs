@@ -242,12 +242,13 @@ fn a_client_with_one_read_outstanding_reads_at_the_window_not_the_round_trip() {
     assert!(plain.finished_ms >= 64 * 100, "{} ms", plain.finished_ms);
     let ahead = run(4 << 20, 64 << 10, 100, 8 << 20, |_, _| {});
     check(&ahead);
-    // 63 READs and the CLOSE.
-    assert_eq!(ahead.near.answered_locally, 64, "{:?}", ahead.near);
+    // 62 READs and the CLOSE: the first two the client's own (far reads ahead once the
+    // client reads on).
+    assert_eq!(ahead.near.answered_locally, 63, "{:?}", ahead.near);
     assert_eq!(ahead.far.missed, 0);
-    // The setup's four round trips, the first READ's, and the window's worth of credit
-    // round trips: the client holds 64 credits, so far can be 63 READs ahead.
-    assert!(ahead.finished_ms <= 7 * 100, "{} ms", ahead.finished_ms);
+    // The setup's four round trips, the first two READs', and the window's worth of
+    // credit round trips: the client holds 64 credits, so far can be 63 READs ahead.
+    assert!(ahead.finished_ms <= 8 * 100, "{} ms", ahead.finished_ms);
 }
 
 /// The server answers every READ with an interim answer (the credits) and then the data.
@@ -281,8 +282,8 @@ fn a_shorter_last_read_is_answered_from_the_prediction_cut_to_its_length() {
     let run = run(len, 64 << 10, 100, 8 << 20, |c, _| c.trim_last = true);
     check(&run);
     assert_eq!(run.far.missed, 0, "{:?}", run.far);
-    // 17 READs, the first sent by the client itself, and the CLOSE.
-    assert_eq!(run.near.answered_locally, 17, "{:?}", run.near);
+    // 15 READs, after the first two the client sent itself, and the CLOSE.
+    assert_eq!(run.near.answered_locally, 16, "{:?}", run.near);
 }
 
 #[test]
@@ -352,21 +353,55 @@ fn files_of_several_reads_are_opened_ahead_as_far_as_the_client_read_the_last() 
         c.queries = vec![FILE_ALL_INFORMATION];
     });
     check(&ahead);
-    // The first file's second READ (read ahead) and CLOSE; each file after it: its
-    // QUERY_INFO, both READs and its CLOSE.
-    assert_eq!(ahead.near.answered_locally, 2 + 19 * 4, "{:?}", ahead.near);
+    // Each file after the first: its QUERY_INFO, both READs and its CLOSE (the first
+    // file's requests all reach the server: far reads nothing ahead of a client that has
+    // not read on).
+    assert_eq!(ahead.near.answered_locally, 19 * 4, "{:?}", ahead.near);
     assert_eq!(
         (ahead.far.missed, ahead.far.prefetched),
-        (0, 1 + 19 * 3),
+        (0, 19 * 3),
         "{:?}",
         ahead.far
     );
-    // The setup, the first file's four round trips (its second READ read ahead), then one
-    // per file.
+    // The setup, the first file's five round trips (CREATE, QUERY_INFO, two READs,
+    // CLOSE), then one per file.
     assert!(
-        ahead.finished_ms <= (3 + 4 + 19) * 100 + 50,
+        ahead.finished_ms <= (3 + 5 + 19) * 100 + 50,
         "{} ms",
         ahead.finished_ms
+    );
+}
+
+/// A client that reads the first file whole and only the first block of each later one:
+/// the second file's played READ beyond its first is a miss (its id goes to the CLOSE),
+/// one block wasted, and far learns the new habit from the third file.
+#[test]
+fn a_client_that_reads_less_of_the_next_file_costs_one_miss() {
+    let block = 64 << 10;
+    let run = run(128 << 10, block, 100, 8 << 20, |c, _| {
+        c.files = 20;
+        c.queries = vec![FILE_ALL_INFORMATION];
+        c.read_limit = Some((2, u64::from(block)));
+    });
+    no_violations(&run);
+    let (whole, start) = (&run.file[..128 << 10], &run.file[..block as usize]);
+    let mut expected = whole.to_vec();
+    for _ in 1..20 {
+        expected.extend_from_slice(start);
+    }
+    assert!(run.data == expected, "every byte read as the server has it");
+    assert!(run.far_acts);
+    assert_eq!(
+        (run.far.missed, run.far.missed_bytes),
+        (1, u64::from(block)),
+        "{:?}",
+        run.far
+    );
+    // Files 4 to 20 (the third teaches after the miss): one round trip each.
+    assert!(
+        run.finished_ms <= (3 + 4 + 3 + 4 + 17) * 100 + 50,
+        "{} ms",
+        run.finished_ms
     );
 }
 
@@ -384,7 +419,7 @@ fn open_ahead_follows_each_file_and_a_change_of_habit() {
     });
     check(&run);
     assert!(run.far.missed >= 1, "{:?}", run.far);
-    assert!(run.near.answered_locally >= 20, "{:?}", run.near);
+    assert!(run.near.answered_locally >= 19, "{:?}", run.near);
 }
 
 use proptest::prelude::Strategy as _;
@@ -1097,10 +1132,10 @@ fn others_may_write(validity_ms: u32, think_us: u64, lease: Option<u32>) -> Run 
     })
 }
 
-/// [`others_may_write`]'s client had 15 READs and its CLOSE answered at near, nothing
-/// missed or expired.
+/// [`others_may_write`]'s client had 14 READs (all but the two it sent before far read
+/// ahead) and its CLOSE answered at near, nothing missed or expired.
 fn all_answered_at_near(run: &Run) {
-    assert_eq!(run.near.answered_locally, 16, "{:?}", run.near);
+    assert_eq!(run.near.answered_locally, 15, "{:?}", run.near);
     nothing_missed_or_expired(run);
 }
 
