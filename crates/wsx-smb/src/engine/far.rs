@@ -3,10 +3,11 @@
 //! the client will send next with the MessageIds the client will use, inside the server's
 //! credit window, and ships each answer to near after announcing it. Two kinds:
 //!
-//! - **Read-ahead.** A client reading a file on (it asked for, or took, a block after its
-//!   first): the READs that follow (the last READ's id plus its credit charge, and so on),
-//!   each of the client's block, or of the file's rest at its end if the client asks only
-//!   that. A client that reads only the start of a file and closes it costs no miss.
+//! - **Read-ahead.** A client reading a file: the READs that follow (the last READ's id
+//!   plus its credit charge, and so on), each of the client's block, or of the file's rest
+//!   at its end if the client asks only that; after a miss, only once the client reads on
+//!   by itself (it asked for, or took, a block after a file's first), so that a client
+//!   that reads the start of each file and closes it costs one miss, not one a file.
 //! - **Open-ahead.** A file just opened (its CREATE answered): what the client did after
 //!   opening the last file it opened (its QUERY_INFOs, then its first READ and those that
 //!   followed it in a row, at most [`MAX_SCRIPT_READS`]; a `Script` learnt from the
@@ -372,6 +373,10 @@ pub struct Far {
     client_next: u64,
     /// What the client does after opening a file, if far has learnt it.
     script: Option<Script>,
+    /// Whether far reads a file on at the client's first READ of it: until a miss (the
+    /// client may read only the start of each file, and close it), and again once the
+    /// client has read on past a first block.
+    reads_on: bool,
     /// Whether the client asks no more than a file's rest in its last READ.
     clips: bool,
     /// A file just opened, whose script far plays at the next chance.
@@ -406,6 +411,7 @@ impl Far {
             top: 0,
             client_next: 0,
             script: None,
+            reads_on: true,
             clips: true,
             opened: None,
             creates: HashMap::new(),
@@ -773,6 +779,7 @@ impl Far {
                 && read.offset > 0
             {
                 file.confirmed = true;
+                self.reads_on = true;
             }
         }
     }
@@ -898,11 +905,13 @@ impl Far {
                 && file.ahead == Ahead::On
                 && self.active.is_none() =>
             {
-                // Read ahead from the client's next block on, once it asks for it or a
-                // script says it will: a client may look at the start of a file and close.
+                // Read ahead from the client's next block on, at once if the client has
+                // read on in files before (or this is its first), else once it asks for
+                // it: a client may look at the start of each file and close it.
                 file.template = Some((*header, *read));
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
+                file.confirmed = self.reads_on;
                 self.active = Some(read.file_id);
             }
             Some((_, template))
@@ -916,6 +925,7 @@ impl Far {
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
                 file.confirmed = true;
+                self.reads_on = true;
             }
             Some((_, template)) if file.ahead == Ahead::Missed => {
                 // After a miss the client's READs all reach far: the second of two in a
@@ -1285,6 +1295,9 @@ impl Far {
             }
         }
         self.script = None;
+        // Perhaps the client closed a file after its first block while far read on: it
+        // must read on by itself before far does again.
+        self.reads_on = false;
         // The rate may have been too high (answers outlived their window): measured again
         // from the floor.
         self.uptake = Uptake::default();
