@@ -358,8 +358,9 @@ pub struct Client {
     pub setup_credits: u16,
     /// Asks for no more than the file's rest (smbprotocol does; smbclient asks whole).
     pub trim_last: bool,
-    /// From the file of this number on (the first is 1), reads no more than these bytes
-    /// of each before closing it: a client that looks only at the start of a file.
+    /// From the file of this number on (the first is 1), closes each once it has read at
+    /// least these bytes (whole READs; one READ outstanding only): a client that looks
+    /// only at the start of a file.
     pub read_limit: Option<(usize, u64)>,
     /// Instead of reading the file through: these requests, one at a time, each READ's
     /// answer checked against `expect` (the file).

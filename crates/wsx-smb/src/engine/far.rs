@@ -6,15 +6,16 @@
 //! - **Read-ahead.** A client reading a file: the READs that follow (the last READ's id
 //!   plus its credit charge, and so on), each of the client's block, or of the file's rest
 //!   at its end if the client asks only that; after a miss, only once the client reads on
-//!   by itself (it asked for, or took, a block after a file's first), so that a client
-//!   that reads the start of each file and closes it costs one miss, not one a file.
+//!   by itself (it asks for the block right after its last READ of a file, or takes one
+//!   far predicted beyond a file's first), so that a client that reads the start of each
+//!   file and closes it costs one miss, not one a file.
 //! - **Open-ahead.** A file just opened (its CREATE answered): what the client did after
 //!   opening the last file it opened (its QUERY_INFOs, then its first READ and those that
 //!   followed it in a row, at most [`MAX_SCRIPT_READS`]; a `Script` learnt from the
 //!   requests that reached far and the answers near gave), with the ids that follow the
 //!   CREATE's, played only if the client has sent nothing since its CREATE and nothing
 //!   else is predicted. Beyond that, read-ahead goes on once the client has taken the
-//!   first READ.
+//!   first READ (after a miss, a later one).
 //!   A miss forgets the script; far learns it again from the next file opened.
 //!
 //! - **Ids.** While predictions hold, the server sees exactly the client's ids. A client
@@ -243,7 +244,7 @@ impl Opened {
 /// Whether far reads a file ahead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ahead {
-    /// It may (beyond what a script plays, once the client has taken what far predicted).
+    /// It may (beyond what a script plays, once `File::confirmed`).
     On,
     /// Stopped by a miss (a prediction's id spent, an answer dropped at near), not by the
     /// file, the server or a request that changes it: read-ahead resumes once the client
@@ -279,10 +280,11 @@ struct File {
     next_id: u64,
     /// The client's requests on it so far, while far learns a [`Script`] from it.
     learning: Option<Script>,
-    /// The client reads it on: it asked for, or took, a block after its first. Beyond what a
-    /// script plays, far reads ahead only then (a client may read only the start of a
-    /// file, and a script's guess of its block may be wrong: a window of wrong READs costs
-    /// the server).
+    /// Far may read it ahead beyond what a script plays: the client's first READ of it, or
+    /// its first answer taken, while the client reads files on ([`Far::reads_on`]), or
+    /// else its next block asked or a later one taken (a client may read only the start of
+    /// a file, and a script's guess of its block may be wrong: a window of wrong READs
+    /// costs the server).
     confirmed: bool,
     /// How far a script said the client reads it in a row: read ahead before the client
     /// has taken anything ([`Script::read_to`]; 0 without one).
@@ -373,9 +375,10 @@ pub struct Far {
     client_next: u64,
     /// What the client does after opening a file, if far has learnt it.
     script: Option<Script>,
-    /// Whether far reads a file on at the client's first READ of it: until a miss (the
-    /// client may read only the start of each file, and close it), and again once the
-    /// client has read on past a first block.
+    /// Whether far reads a file on at the client's first READ of it (or its first answer
+    /// taken): until a miss (the client may read only the start of each file, and close
+    /// it), and again once the client has asked for the block right after its last READ
+    /// of a file, or taken one far predicted beyond a file's first.
     reads_on: bool,
     /// Whether the client asks no more than a file's rest in its last READ.
     clips: bool,
@@ -774,12 +777,15 @@ impl Far {
             if let Some(script) = &mut self.script {
                 script.read_on(read.file_id, read.offset, read.length);
             }
-            // A block after the first: the client reads on.
+            // Taken: far reads on once the client has (a block after the first), or at
+            // once while the client reads files on (`reads_on`).
+            if read.offset > 0 {
+                self.reads_on = true;
+            }
             if let Some(file) = self.files.get_mut(&read.file_id)
-                && read.offset > 0
+                && self.reads_on
             {
                 file.confirmed = true;
-                self.reads_on = true;
             }
         }
     }
@@ -871,6 +877,10 @@ impl Far {
             return;
         };
         let next = read.offset.saturating_add(u64::from(read.length));
+        if read.offset > 0 && file.client_end == Some(read.offset) {
+            // The client reads on by itself: the next block after its last READ.
+            self.reads_on = true;
+        }
         if let Some(mut script) = file.learning.take()
             && read.offset == 0
         {
@@ -925,7 +935,6 @@ impl Far {
                 file.next_offset = next;
                 file.next_id = header.message_id.saturating_add(charge);
                 file.confirmed = true;
-                self.reads_on = true;
             }
             Some((_, template)) if file.ahead == Ahead::Missed => {
                 // After a miss the client's READs all reach far: the second of two in a
