@@ -221,7 +221,11 @@ impl SessionsRecord {
                     g.idle_rss_kib >> 10,
                     g.held_rss_kib >> 10,
                     g.after_rss_kib >> 10,
-                    g.settled_rss_kib >> 10,
+                    // Records from before the settled sample have none.
+                    match g.settled_rss_kib {
+                        0 => "–".to_string(),
+                        kib => (kib >> 10).to_string(),
+                    },
                 );
             }
         }

@@ -1,28 +1,28 @@
 //! Memory the allocator keeps after a wave of sessions ends, handed back to the kernel.
 //!
-//! glibc's `malloc` gives freed memory back to the kernel on its own only from the top of
-//! its main heap. What a wave of sessions allocated elsewhere (in the middle of a heap, and
-//! in the other arenas the runtime's threads use) stays resident once the sessions end:
-//! 10,000 SMB sessions held through both gateways left them at 230-260 MB of RSS after
-//! closing, against 21 MB idle. Every [`CHECK`] the daemon asks the allocator how many
-//! bytes it holds free (`mallinfo2`), and when that has grown by [`RELEASE_ABOVE`] since
-//! the last release, `malloc_trim` gives the free pages back. The allocator keeps its free
-//! chunks (only their pages go), so its count of free bytes stays where it was: the next
-//! release waits for as much again to be freed, and a wave that reuses the chunks lowers
-//! the mark it is counted from.
+//! glibc's `malloc` gives freed memory back to the kernel on its own only at the top of a
+//! heap (and for large blocks, which it maps by themselves). What a wave of sessions
+//! allocated below the top of a heap, in the main arena and in the others the runtime's
+//! threads use, stays resident once the sessions end: 10,000 SMB sessions held through
+//! both gateways left them at 230-260 MB of RSS after closing, against 21 MB idle. Every
+//! [`CHECK`] the daemon asks the allocator how many bytes it holds free (`mallinfo2`) and
+//! reads its own resident size, and calls `malloc_trim`, which gives the free pages back,
+//! when either has grown by [`RELEASE_ABOVE`] since the last trim (see [`worth_a_trim`]).
 //!
-//! A trim walks every arena under its lock, so a thread that allocates meanwhile waits:
-//! the gateway's data path does not allocate per packet, and the trim runs only after a
-//! wave (measured: BENCHMARKS.md, "Ten thousand SMB sessions").
+//! Both calls walk the allocator's arenas, each under its lock, so a thread that allocates
+//! meanwhile waits: the look takes little (it counts the free chunks), a trim 10-55 ms
+//! after 10,000 sessions (BENCHMARKS.md, "Ten thousand SMB sessions"); the gateway's data
+//! path does not allocate per packet.
 //!
-//! Other C libraries and allocators do without: on them this does nothing.
+//! Other C libraries and allocators, and glibc before 2.33 (no `mallinfo2`), do without:
+//! there this does nothing.
 
 use std::time::Duration;
 
 /// How often the allocator's free bytes are looked at.
 pub(crate) const CHECK: Duration = Duration::from_secs(5);
 
-/// Free bytes, beyond those after the last release, that are worth a trim.
+/// Growth, of the free bytes or of the resident size since the last trim, worth a trim.
 pub(crate) const RELEASE_ABOVE: u64 = 32 << 20;
 
 /// Hands freed memory back to the kernel after each wave of sessions, until dropped; ends
@@ -30,7 +30,7 @@ pub(crate) const RELEASE_ABOVE: u64 = 32 << 20;
 pub(crate) async fn release_after_waves() {
     let mut tick = tokio::time::interval(CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut mark = None;
+    let mut mark = Mark::default();
     loop {
         tick.tick().await;
         let checked = tokio::task::spawn_blocking(move || {
@@ -66,51 +66,93 @@ pub(crate) struct Release {
     pub(crate) took: Duration,
 }
 
-/// Whether `free` bytes held free by the allocator are worth a trim: [`RELEASE_ABOVE`]
-/// more than at `mark` (the free bytes after the last trim, or the fewest seen since, or
-/// at the first look). Fewer than at the mark (the freed memory was used again) lower it.
-fn worth_a_trim(mark: &mut Option<u64>, free: u64) -> bool {
-    let base = *mark.get_or_insert(free);
+/// Where the last trim left the allocator's free bytes (or the fewest seen since) and the
+/// resident size; unset before the first look.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Mark {
+    free: Option<u64>,
+    rss: Option<u64>,
+}
+
+/// Whether a trim is worth it with `free` bytes held free by the allocator and `rss`
+/// resident: the free bytes have grown by [`RELEASE_ABOVE`] since the mark (a wave ended),
+/// or the resident size has, with at least that much free (a wave reused the trimmed
+/// chunks, faulting their pages in again, and ended between two looks: the free bytes are
+/// back where they were). Fewer free bytes than at the mark lower it.
+fn worth_a_trim(mark: &mut Mark, free: u64, rss: u64) -> bool {
+    let base = *mark.free.get_or_insert(free);
     if free < base {
-        *mark = Some(free);
+        mark.free = Some(free);
     }
-    free.saturating_sub(base) >= RELEASE_ABOVE
+    let freed = free.saturating_sub(base) >= RELEASE_ABOVE;
+    let regrown = free >= RELEASE_ABOVE
+        && mark
+            .rss
+            .is_some_and(|r| rss.saturating_sub(r) >= RELEASE_ABOVE);
+    freed || regrown
 }
 
 /// Trims the allocator if [`worth_a_trim`]; `None` where the allocator cannot say what it
-/// holds free (not glibc), else what was done.
-fn release_if_grown(mark: &mut Option<u64>) -> Option<Option<Release>> {
+/// holds free, else what was done.
+fn release_if_grown(mark: &mut Mark) -> Option<Option<Release>> {
     let free = allocator::free_bytes()?;
-    if !worth_a_trim(mark, free) {
+    let rss_before = resident_bytes().unwrap_or(0);
+    if !worth_a_trim(mark, free, rss_before) {
         return Some(None);
     }
-    let rss_before = resident_bytes().unwrap_or(0);
     let started = std::time::Instant::now();
     allocator::trim();
     let took = started.elapsed();
-    *mark = allocator::free_bytes();
+    let rss_after = resident_bytes().unwrap_or(0);
+    *mark = Mark {
+        free: allocator::free_bytes(),
+        rss: Some(rss_after),
+    };
     Some(Some(Release {
         free,
         rss_before,
-        rss_after: resident_bytes().unwrap_or(0),
+        rss_after,
         took,
     }))
 }
 
-/// The process's resident bytes (`/proc/self/statm`).
+/// The process's resident bytes (`/proc/self/statm`, in pages).
 fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok().filter(|&p| p > 0)?)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod allocator {
+    use std::sync::OnceLock;
+
+    type Mallinfo2 = unsafe extern "C" fn() -> libc::mallinfo2;
+
+    /// glibc's `mallinfo2`, looked up when first wanted: glibc has it from 2.33 on, and a
+    /// gateway built against an older one still links and runs, without this.
+    fn mallinfo2() -> Option<Mallinfo2> {
+        static FOUND: OnceLock<Option<Mallinfo2>> = OnceLock::new();
+        *FOUND.get_or_init(|| {
+            // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only searches the
+            // loaded objects; a non-null result is glibc's `mallinfo2`, whose signature is
+            // `struct mallinfo2 mallinfo2(void)`, so it may be called as a `Mallinfo2`.
+            unsafe {
+                let symbol = libc::dlsym(libc::RTLD_DEFAULT, c"mallinfo2".as_ptr());
+                (!symbol.is_null())
+                    .then(|| std::mem::transmute::<*mut libc::c_void, Mallinfo2>(symbol))
+            }
+        })
+    }
+
     /// Bytes the allocator holds free, in all its arenas.
     pub(super) fn free_bytes() -> Option<u64> {
+        let mallinfo2 = mallinfo2()?;
         // SAFETY: mallinfo2 takes no arguments and only reads the allocator's state under
-        // its locks; glibc has it since 2.33 (Debian 12 ships 2.36).
-        let info = unsafe { libc::mallinfo2() };
+        // its locks.
+        let info = unsafe { mallinfo2() };
         u64::try_from(info.fordblks).ok()
     }
 
@@ -136,37 +178,54 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_trim_is_worth_it_once_a_wave_more_is_free_than_at_the_mark() {
+    fn a_trim_is_worth_it_once_a_wave_more_is_free_or_resident_than_at_the_mark() {
         let mib = |n: u64| n << 20;
-        let mut mark = None;
+        let mut mark = Mark::default();
         assert!(
-            !worth_a_trim(&mut mark, mib(10)),
-            "the first look sets the mark"
+            !worth_a_trim(&mut mark, mib(10), mib(50)),
+            "the first look sets it"
         );
-        assert!(!worth_a_trim(&mut mark, mib(41)));
-        assert!(worth_a_trim(&mut mark, mib(42)));
-        // After the trim the mark is what is free then (the chunks stay): nothing new.
-        mark = Some(mib(42));
-        assert!(!worth_a_trim(&mut mark, mib(60)));
+        assert!(!worth_a_trim(&mut mark, mib(41), mib(50)));
+        assert!(worth_a_trim(&mut mark, mib(42), mib(50)));
+        // After the trim the mark is what is free and resident then (the chunks stay).
+        mark = Mark {
+            free: Some(mib(42)),
+            rss: Some(mib(30)),
+        };
+        assert!(!worth_a_trim(&mut mark, mib(60), mib(40)));
         // A wave that used the free memory again lowers the mark; what it frees counts
         // from there.
-        assert!(!worth_a_trim(&mut mark, mib(5)));
-        assert_eq!(mark, Some(mib(5)));
-        assert!(!worth_a_trim(&mut mark, mib(36)));
-        assert!(worth_a_trim(&mut mark, mib(37)));
+        assert!(!worth_a_trim(&mut mark, mib(5), mib(61)));
+        assert_eq!(mark.free, Some(mib(5)));
+        assert!(worth_a_trim(&mut mark, mib(37), mib(40)));
+        // A wave that came and went between two looks: as much free as at the mark, but
+        // its pages resident again.
+        mark = Mark {
+            free: Some(mib(42)),
+            rss: Some(mib(30)),
+        };
+        assert!(!worth_a_trim(&mut mark, mib(42), mib(61)));
+        assert!(worth_a_trim(&mut mark, mib(42), mib(62)));
+        // Not with too little free to give back, however large the process grew.
+        assert!(!worth_a_trim(&mut mark, mib(20), mib(500)));
     }
 
-    /// Memory a wave of small blocks freed in the middle of a heap goes back to the kernel.
+    /// Memory a wave of small blocks freed below the top of a heap goes back to the
+    /// kernel.
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn a_freed_wave_leaves_the_resident_set() {
-        let mut mark = allocator::free_bytes();
-        assert!(mark.is_some(), "glibc says how much it holds free");
         // Sessions' state is many small blocks; keeping every 64th holds the heap's top,
         // so that glibc's own trim of the top cannot give the rest back.
         let blocks: Vec<Vec<u8>> = (0..40_000u32)
             .map(|i| vec![u8::try_from(i % 251).unwrap_or(0); 2048])
             .collect();
+        // The mark once the wave is in (whatever this thread's arena held free before).
+        let mut mark = Mark {
+            free: allocator::free_bytes(),
+            rss: None,
+        };
+        assert!(mark.free.is_some(), "glibc says how much it holds free");
         let kept: Vec<Vec<u8>> = blocks
             .into_iter()
             .enumerate()
@@ -175,7 +234,6 @@ mod tests {
         let release = release_if_grown(&mut mark)
             .expect("glibc says how much it holds free")
             .expect("80 MB freed is worth a trim");
-        assert!(release.free >= RELEASE_ABOVE, "{release:?}");
         assert!(
             release.rss_after + (32 << 20) < release.rss_before,
             "the free pages left the resident set: {release:?}"
