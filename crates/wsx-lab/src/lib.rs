@@ -26,7 +26,10 @@ mod topology;
 pub mod traffic;
 mod wan;
 
-pub use sys::{Usage, monotonic_ns, process_usage, set_tcp_congestion, usage_of};
+pub use sys::{
+    Usage, monotonic_ns, process_usage, realtime_ns, recv_stamped, set_tcp_congestion,
+    stamp_arrivals, usage_of,
+};
 pub use topology::{Lab, Node, PREFIX, active, addr, clean, install_signal_cleanup};
 pub use wan::{LossDirection, WanSpec};
 

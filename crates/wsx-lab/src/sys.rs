@@ -18,8 +18,9 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// `CLOCK_REALTIME` in nanoseconds: the clock of the kernel's receive timestamps.
-pub(crate) fn realtime_ns() -> u64 {
+/// `CLOCK_REALTIME` in nanoseconds: the clock of the kernel's receive timestamps
+/// ([`recv_stamped`]).
+pub fn realtime_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -34,6 +35,64 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
         Err(io::Error::last_os_error())
     } else {
         Ok(ret)
+    }
+}
+
+fn set_int(
+    sock: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: `value` lives across the call and its size is passed.
+    check(unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    })?;
+    Ok(())
+}
+
+/// Prepares a test endpoint's datagram socket to measure the path and not its own
+/// scheduling: the kernel stamps each datagram with its arrival time (read with
+/// [`recv_stamped`]), and the receive buffer is `buffer_bytes` (root may exceed `rmem_max`),
+/// so that a reader held off the CPU for a while loses nothing.
+pub fn stamp_arrivals(sock: &impl AsRawFd, buffer_bytes: usize) -> io::Result<()> {
+    set_int(sock, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
+    let size = buffer_bytes.min(i32::MAX as usize) as libc::c_int;
+    set_int(sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size)
+}
+
+/// Receives one datagram into `buf` (blocking, within the socket's read timeout): its length
+/// and, on a socket prepared by [`stamp_arrivals`], when the kernel received it
+/// (`CLOCK_REALTIME` ns, compare with [`realtime_ns`]).
+pub fn recv_stamped(sock: &impl AsRawFd, buf: &mut [u8]) -> io::Result<(usize, Option<u64>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control);
+    loop {
+        // SAFETY: `msg` points at `iov` (which points at `buf`) and at `control`, all of which
+        // outlive the call, with their lengths.
+        let got = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+        if got >= 0 {
+            return Ok((got as usize, received_at(&msg)));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
     }
 }
 
@@ -177,13 +236,13 @@ impl PacketSocket {
         let sock = Self {
             fd: unsafe { OwnedFd::from_raw_fd(raw) },
         };
-        sock.set_int(libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
+        set_int(&sock, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
         // Each frame's own arrival time, not the time its batch was read.
-        sock.set_int(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
+        set_int(&sock, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
         // Root may exceed rmem_max/wmem_max; large buffers absorb bursts while we sleep.
         let size = buffer_bytes.min(i32::MAX as usize) as libc::c_int;
-        sock.set_int(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size)?;
-        sock.set_int(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, size)?;
+        set_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size)?;
+        set_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, size)?;
         // SAFETY: sockaddr_ll is plain data.
         let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         addr.sll_family = libc::AF_PACKET as u16;
@@ -198,20 +257,6 @@ impl PacketSocket {
             )
         })?;
         Ok(sock)
-    }
-
-    fn set_int(&self, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
-        // SAFETY: `value` lives across the call and its size is passed.
-        check(unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                level,
-                name,
-                &value as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        })?;
-        Ok(())
     }
 
     /// Frames the kernel dropped because this socket's receive buffer was full, since the last
