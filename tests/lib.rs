@@ -136,9 +136,19 @@ impl Daemon {
 
     /// Waits until `count` log lines contain `pattern`.
     pub fn wait_for_count(&self, pattern: &str, count: usize, timeout: Duration) {
-        let what = format!("{count} log line(s) with {pattern:?}");
+        self.wait_for_count_all(&[pattern], count, timeout);
+    }
+
+    /// Waits until `count` log lines contain every one of `patterns`: the log is read by
+    /// a thread of its own, so a line the gateway wrote may not be counted yet.
+    pub fn wait_for_count_all(&self, patterns: &[&str], count: usize, timeout: Duration) {
+        let what = format!("{count} log line(s) with {patterns:?}");
         self.wait_until(&what, timeout, |lines| {
-            lines.iter().filter(|l| l.contains(pattern)).count() >= count
+            lines
+                .iter()
+                .filter(|l| patterns.iter().all(|p| l.contains(p)))
+                .count()
+                >= count
         });
     }
 

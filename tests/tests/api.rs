@@ -421,7 +421,8 @@ fn the_dashboard_shows_the_pair_live_in_a_browser_and_kills_a_session() {
     let (mut client, _read, server) = held_session(&lab);
     client.write_all(b"hello").unwrap();
     let kill_client = client.local_addr().unwrap().to_string();
-    // Traffic for the charts while the browser looks: ~25 s at up to 100 Mbit/s.
+    // Traffic for the charts while the browser looks: 45 s at up to 100 Mbit/s, time for a
+    // browser slow to start on a busy machine to sign in and still see the rate change.
     let traffic = {
         let lab_name = lab.netns(Node::Client);
         let (listener, target) = listen(&lab, Node::Server, addr::server(false));
@@ -439,7 +440,7 @@ fn the_dashboard_shows_the_pair_live_in_a_browser_and_kills_a_session() {
                 to: target,
                 flows: 2,
                 bytes: None,
-                seconds: 25.0,
+                seconds: 45.0,
                 congestion: None,
                 payload: wsx_lab::traffic::PayloadKind::Random,
                 seed: 3,

@@ -198,8 +198,8 @@ fn the_deployment_guide_works_under_systemd() {
         assert_eq!(bytes, 8 << 20);
     }
     let [gw_a, gw_b] = &machines;
-    gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 4, Duration::from_secs(5));
-    gw_b.wait_for_journal("wsx", "route=\"inbound\"", 4, Duration::from_secs(5));
+    gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 4, Duration::from_secs(30));
+    gw_b.wait_for_journal("wsx", "route=\"inbound\"", 4, Duration::from_secs(30));
 
     // "Operate": reload keeps the service up; stop removes the rules.
     gw_a.sh_ok("systemctl reload wsx");
@@ -219,7 +219,7 @@ fn the_deployment_guide_works_under_systemd() {
     gw_a.wait_for_journal("wsx", "tunnel in service", 3, Duration::from_secs(20));
     let bytes = transfer(&lab, Node::Client, Node::Server, false, 1, 4 << 20);
     assert_eq!(bytes, 4 << 20);
-    gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 5, Duration::from_secs(5));
+    gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 5, Duration::from_secs(30));
 
     // Removing the package stops the service (its rules go, traffic flows on) and keeps
     // the keys.
@@ -238,5 +238,5 @@ fn the_deployment_guide_works_under_systemd() {
     gw_a.wait_for_journal("wsx", "tunnel in service", 4, Duration::from_secs(20));
     let bytes = transfer(&lab, Node::Client, Node::Server, false, 1, 4 << 20);
     assert_eq!(bytes, 4 << 20);
-    gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 6, Duration::from_secs(5));
+    gw_a.wait_for_journal("wsx", "route=\"tunnel\"", 6, Duration::from_secs(30));
 }

@@ -94,7 +94,9 @@ fn forwarding_listeners_carry_sessions_to_addresses_and_names_without_privileges
             "{name}"
         );
     }
-    assert_eq!(gw_b.count_all(&["entry=tunnel", "session opened"]), 6);
+    let opened = ["entry=tunnel", "session opened"];
+    gw_b.wait_for_count_all(&opened, 6, Duration::from_secs(10));
+    assert_eq!(gw_b.count_all(&opened), 6);
     // gw-b connects from its own address, not the client's: the client is not on site B's
     // LAN, and gw-b has transparent origin on (the default) for intercepted sessions.
     let accepted = std::thread::spawn(move || {
@@ -272,7 +274,9 @@ fn socks5_clients_reach_addresses_and_names_through_the_tunnel_and_bad_requests_
     for s in servers {
         s.join().unwrap();
     }
-    assert_eq!(gw_a.count_all(&["entry=socks:apps", "session opened"]), 4);
+    let opened = ["entry=socks:apps", "session opened"];
+    gw_a.wait_for_count_all(&opened, 4, Duration::from_secs(10));
+    assert_eq!(gw_a.count_all(&opened), 4);
 }
 
 /// A file name for a URL.

@@ -486,17 +486,20 @@ fn a_client_gets_the_same_errors_through_the_gateways_as_without() {
 }
 
 /// smbclient opens files with a share mode that lets others write and asks no oplock:
-/// gw-b reads them ahead within its validity window (`smb_validity_ms`, 1 s by default),
-/// and gw-a answers from it what smbclient asks within that window. One session gets 24
-/// small files (`get` after `get`: CREATE, QUERY_INFO, READs, CLOSE each), every one
-/// checked by SHA-256; from the second file on, near answers each file's QUERY_INFO, its
-/// first READ and its CLOSE. A file rewritten before a second session is read as it is
+/// gw-b reads them ahead within its validity window (`smb_validity_ms`, 1 s by default,
+/// 5 s here), and gw-a answers from it what smbclient asks within that window. One session
+/// gets 24 small files (`get` after `get`: CREATE, QUERY_INFO, READs, CLOSE each), every
+/// one checked by SHA-256; from the second file on, near answers each file's QUERY_INFO,
+/// its first READ and its CLOSE. A file rewritten before a second session is read as it is
 /// now.
 #[test]
 fn smbclient_s_files_are_opened_ahead_within_the_validity_window() {
     let lab = wsx_e2e::gateway_lab();
     let dir = wsx_e2e::config_dir(&lab);
-    let (gw_a, gw_b) = gateways_with_api(&lab, &dir);
+    // 5 s rather than the default 1 s: an smbclient held off the CPU for a second (a busy
+    // CI machine) would otherwise turn answers into expired misses. The window's edge is
+    // the engine tests' (virtual clock) and `a_held_answer_nobody_asks_for_...`'s.
+    let (gw_a, gw_b) = gateways_with_api_and(&lab, &dir, "smb_validity_ms = 5000\n");
     let servers = [addr::server(false), addr::server(true)];
     let samba = Samba::start(&lab, Node::Server, &servers, &dir.join("samba")).unwrap();
     let smb2 = samba.client_config("SMB2_10").unwrap();

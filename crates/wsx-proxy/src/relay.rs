@@ -951,7 +951,7 @@ mod tests {
         Record::Announce {
             message_id: 9,
             key: Key::Read(ReadKey::of(&h, &read)),
-            valid_ms: 50,
+            valid_ms: 1000,
         }
         .emit(&mut records)
         .unwrap_or_else(|e| panic!("{e}"));
@@ -973,7 +973,7 @@ mod tests {
             .emit(&mut dropped)
             .unwrap_or_else(|e| panic!("{e}"));
         let mut got = vec![0; dropped.len()];
-        tokio::time::timeout(Duration::from_secs(2), far_end.read_exact(&mut got))
+        tokio::time::timeout(Duration::from_secs(10), far_end.read_exact(&mut got))
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("{e}"));
