@@ -46,6 +46,7 @@ pub(crate) async fn release_after_waves() {
             None => return,
             Some(Some(release)) => tracing::info!(
                 free_mib = release.free >> 20,
+                in_use_mib = release.in_use >> 20,
                 rss_before_mib = release.rss_before >> 20,
                 rss_after_mib = release.rss_after >> 20,
                 took_ms = u64::try_from(release.took.as_millis()).unwrap_or(u64::MAX),
@@ -61,6 +62,8 @@ pub(crate) async fn release_after_waves() {
 pub(crate) struct Release {
     /// The allocator's free bytes when it began.
     pub(crate) free: u64,
+    /// The bytes it had given out then (live blocks, the large ones it mapped included).
+    pub(crate) in_use: u64,
     pub(crate) rss_before: u64,
     pub(crate) rss_after: u64,
     pub(crate) took: Duration,
@@ -95,7 +98,7 @@ fn worth_a_trim(mark: &mut Mark, free: u64, rss: u64) -> bool {
 /// Trims the allocator if [`worth_a_trim`]; `None` where the allocator cannot say what it
 /// holds free, else what was done.
 fn release_if_grown(mark: &mut Mark) -> Option<Option<Release>> {
-    let free = allocator::free_bytes()?;
+    let (free, in_use) = allocator::usage()?;
     let rss_before = resident_bytes().unwrap_or(0);
     if !worth_a_trim(mark, free, rss_before) {
         return Some(None);
@@ -105,11 +108,12 @@ fn release_if_grown(mark: &mut Mark) -> Option<Option<Release>> {
     let took = started.elapsed();
     let rss_after = resident_bytes().unwrap_or(0);
     *mark = Mark {
-        free: allocator::free_bytes(),
+        free: allocator::usage().map(|(free, _)| free),
         rss: Some(rss_after),
     };
     Some(Some(Release {
         free,
+        in_use,
         rss_before,
         rss_after,
         took,
@@ -147,13 +151,18 @@ mod allocator {
         })
     }
 
-    /// Bytes the allocator holds free, in all its arenas.
-    pub(super) fn free_bytes() -> Option<u64> {
+    /// Bytes the allocator holds free in all its arenas, and bytes it has given out
+    /// (in its arenas and in blocks it mapped by themselves).
+    pub(super) fn usage() -> Option<(u64, u64)> {
         let mallinfo2 = mallinfo2()?;
         // SAFETY: mallinfo2 takes no arguments and only reads the allocator's state under
         // its locks.
         let info = unsafe { mallinfo2() };
-        u64::try_from(info.fordblks).ok()
+        let in_use = info.uordblks.saturating_add(info.hblkhd);
+        Some((
+            u64::try_from(info.fordblks).ok()?,
+            u64::try_from(in_use).ok()?,
+        ))
     }
 
     /// Gives the free pages of every arena back to the kernel.
@@ -166,7 +175,7 @@ mod allocator {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 mod allocator {
-    pub(super) fn free_bytes() -> Option<u64> {
+    pub(super) fn usage() -> Option<(u64, u64)> {
         None
     }
 
@@ -222,7 +231,7 @@ mod tests {
             .collect();
         // The mark once the wave is in (whatever this thread's arena held free before).
         let mut mark = Mark {
-            free: allocator::free_bytes(),
+            free: allocator::usage().map(|(free, _)| free),
             rss: None,
         };
         assert!(mark.free.is_some(), "glibc says how much it holds free");
