@@ -354,7 +354,7 @@ fn a_short_outage_costs_the_open_sessions_nothing() {
     let mut writer = session.try_clone().unwrap();
     let sent = data.clone();
     let write = std::thread::spawn(move || writer.write_all(&sent).unwrap());
-    gw_a.wait_for("peer not heard from", Duration::from_secs(20));
+    gw_a.wait_for("peer not heard from", Duration::from_secs(5));
     std::thread::sleep(Duration::from_secs(5).saturating_sub(darkened.elapsed()));
     lab.emulator()
         .set(wsx_lab::emulator::Direction::AToB, normal.a_to_b.clone())

@@ -59,8 +59,9 @@ fn set_int(
 
 /// Prepares a test endpoint's datagram socket to measure the path and not its own
 /// scheduling: the kernel stamps each datagram with its arrival time (read with
-/// [`recv_stamped`]), and the receive buffer is `buffer_bytes` (root may exceed `rmem_max`),
-/// so that a reader held off the CPU for a while loses nothing.
+/// [`recv_stamped`]), and the receive buffer is set to `buffer_bytes` (which the kernel
+/// doubles for its bookkeeping) past `rmem_max`, so that a reader held off the CPU for a
+/// while loses nothing. Needs `CAP_NET_ADMIN` (the lab runs as root).
 pub fn stamp_arrivals(sock: &impl AsRawFd, buffer_bytes: usize) -> io::Result<()> {
     set_int(sock, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
     let size = buffer_bytes.min(i32::MAX as usize) as libc::c_int;
@@ -69,7 +70,9 @@ pub fn stamp_arrivals(sock: &impl AsRawFd, buffer_bytes: usize) -> io::Result<()
 
 /// Receives one datagram into `buf` (blocking, within the socket's read timeout): its length
 /// and, on a socket prepared by [`stamp_arrivals`], when the kernel received it
-/// (`CLOCK_REALTIME` ns, compare with [`realtime_ns`]).
+/// (`CLOCK_REALTIME` ns, compare with [`realtime_ns`]). A datagram longer than `buf` is cut
+/// to it, as by `recv`; a socket with more control messages than the timestamp on (the
+/// buffer holds 64 bytes of them) is an error rather than an arrival without its time.
 pub fn recv_stamped(sock: &impl AsRawFd, buf: &mut [u8]) -> io::Result<(usize, Option<u64>)> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -87,6 +90,9 @@ pub fn recv_stamped(sock: &impl AsRawFd, buf: &mut [u8]) -> io::Result<(usize, O
         // outlive the call, with their lengths.
         let got = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
         if got >= 0 {
+            if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+                return Err(io::Error::other("control messages cut short"));
+            }
             return Ok((got as usize, received_at(&msg)));
         }
         let err = io::Error::last_os_error();

@@ -37,8 +37,8 @@ fn udp(lab: &Lab, node: Node, ip: std::net::IpAddr) -> UdpSocket {
     sock
 }
 
-/// Receive buffer of the tests' endpoints: room for every packet of a test's run, so that
-/// an endpoint thread held off the CPU for a while loses none.
+/// Receive buffer of the tests' endpoints: room for what arrives while an endpoint thread
+/// is held off the CPU for a second or more, so that it loses none.
 const ENDPOINT_BUFFER: usize = 16 << 20;
 
 /// A probe: sequence number, the client's send time, the server's arrival and send times
@@ -96,8 +96,10 @@ fn probe_rtts(lab: &Lab, ipv6: bool, count: u32) -> Vec<f64> {
         while let Ok((n, arrived)) = recv_stamped(&receiver, &mut buf) {
             assert_eq!(n, PROBE);
             let arrived = arrived.expect("the kernel stamps arrivals");
-            let out = stamp_at(&buf, 16) - stamp_at(&buf, 8);
-            let back = arrived - stamp_at(&buf, 24);
+            // One clock, so each later stamp is the larger, unless the clock was stepped.
+            let later = |a: u64, b: u64| a.checked_sub(b).expect("CLOCK_REALTIME stepped back");
+            let out = later(stamp_at(&buf, 16), stamp_at(&buf, 8));
+            let back = later(arrived, stamp_at(&buf, 24));
             rtts.push((out + back) as f64 / 1e6);
         }
         rtts
