@@ -7,7 +7,9 @@
 //! both gateways left them at 230-260 MB of RSS after closing, against 21 MB idle. Every
 //! [`CHECK`] the daemon asks the allocator how many bytes it holds free (`mallinfo2`) and
 //! reads its own resident size, and calls `malloc_trim`, which gives the free pages back,
-//! when either has grown by [`RELEASE_ABOVE`] since the last trim (see [`worth_a_trim`]).
+//! when either has grown by [`RELEASE_ABOVE`] since the last trim, or the free bytes by
+//! [`RELEASE_SETTLED`] and then held still for a look (the tail of a wave, freed after its
+//! last trim: see [`worth_a_trim`]).
 //!
 //! Both calls walk the allocator's arenas, each under its lock, so a thread that allocates
 //! meanwhile waits: the look takes little (it counts the free chunks), a trim 10-55 ms
@@ -24,6 +26,14 @@ pub(crate) const CHECK: Duration = Duration::from_secs(5);
 
 /// Growth, of the free bytes or of the resident size since the last trim, worth a trim.
 pub(crate) const RELEASE_ABOVE: u64 = 32 << 20;
+
+/// Growth of the free bytes since the last trim worth a trim once they hold still: the
+/// sessions of a wave that end after its last trim free less than [`RELEASE_ABOVE`]
+/// (10,000 SMB sessions: 20-40 MiB), and a wave is over when nothing more is freed.
+pub(crate) const RELEASE_SETTLED: u64 = 4 << 20;
+
+/// Free bytes that moved by less than this between two looks held still.
+const STILL: u64 = 1 << 20;
 
 /// Hands freed memory back to the kernel after each wave of sessions, until dropped; ends
 /// at once where the allocator cannot say what it holds free.
@@ -70,29 +80,38 @@ pub(crate) struct Release {
 }
 
 /// Where the last trim left the allocator's free bytes (or the fewest seen since) and the
-/// resident size; unset before the first look.
+/// resident size, and the free bytes at the last look; unset before the first look.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Mark {
     free: Option<u64>,
     rss: Option<u64>,
+    seen: Option<u64>,
 }
 
 /// Whether a trim is worth it with `free` bytes held free by the allocator and `rss`
 /// resident: the free bytes have grown by [`RELEASE_ABOVE`] since the mark (a wave ended),
-/// or the resident size has, with at least that much free (a wave reused the trimmed
-/// chunks, faulting their pages in again, and ended between two looks: the free bytes are
-/// back where they were). Fewer free bytes than at the mark lower it.
+/// or by [`RELEASE_SETTLED`] and moved by less than [`STILL`] since the last look (the
+/// rest of a wave ended), or the resident size has grown by [`RELEASE_ABOVE`], with at
+/// least that much free (a wave reused the trimmed chunks, faulting their pages in again,
+/// and ended between two looks: the free bytes are back where they were). Fewer free
+/// bytes than at the mark lower it.
 fn worth_a_trim(mark: &mut Mark, free: u64, rss: u64) -> bool {
     let base = *mark.free.get_or_insert(free);
     if free < base {
         mark.free = Some(free);
     }
-    let freed = free.saturating_sub(base) >= RELEASE_ABOVE;
+    let still = mark
+        .seen
+        .replace(free)
+        .is_some_and(|seen| seen.abs_diff(free) < STILL);
+    let grown = free.saturating_sub(base);
+    let freed = grown >= RELEASE_ABOVE;
+    let settled = still && grown >= RELEASE_SETTLED;
     let regrown = free >= RELEASE_ABOVE
         && mark
             .rss
             .is_some_and(|r| rss.saturating_sub(r) >= RELEASE_ABOVE);
-    freed || regrown
+    freed || settled || regrown
 }
 
 /// Trims the allocator if [`worth_a_trim`]; `None` where the allocator cannot say what it
@@ -107,9 +126,11 @@ fn release_if_grown(mark: &mut Mark) -> Option<Option<Release>> {
     allocator::trim();
     let took = started.elapsed();
     let rss_after = resident_bytes().unwrap_or(0);
+    let free_after = allocator::usage().map(|(free, _)| free);
     *mark = Mark {
-        free: allocator::usage().map(|(free, _)| free),
+        free: free_after,
         rss: Some(rss_after),
+        seen: free_after,
     };
     Some(Some(Release {
         free,
@@ -200,6 +221,7 @@ mod tests {
         mark = Mark {
             free: Some(mib(42)),
             rss: Some(mib(30)),
+            seen: None,
         };
         assert!(!worth_a_trim(&mut mark, mib(60), mib(40)));
         // A wave that used the free memory again lowers the mark; what it frees counts
@@ -212,11 +234,35 @@ mod tests {
         mark = Mark {
             free: Some(mib(42)),
             rss: Some(mib(30)),
+            seen: None,
         };
         assert!(!worth_a_trim(&mut mark, mib(42), mib(61)));
         assert!(worth_a_trim(&mut mark, mib(42), mib(62)));
         // Not with too little free to give back, however large the process grew.
         assert!(!worth_a_trim(&mut mark, mib(20), mib(500)));
+    }
+
+    #[test]
+    fn the_tail_of_a_wave_is_trimmed_once_nothing_more_is_freed() {
+        let mib = |n: u64| n << 20;
+        let mut mark = Mark {
+            free: Some(mib(100)),
+            rss: Some(mib(80)),
+            seen: Some(mib(100)),
+        };
+        // The last sessions of a wave end after its last trim: less than a trim's worth.
+        assert!(!worth_a_trim(&mut mark, mib(110), mib(80)));
+        assert!(!worth_a_trim(&mut mark, mib(120), mib(80)));
+        // Nothing more freed since the last look: the wave is over.
+        assert!(worth_a_trim(&mut mark, mib(120) + mib(1) / 2, mib(80)));
+        // Still, but too little grown to be worth a trim.
+        let mut mark = Mark {
+            free: Some(mib(100)),
+            rss: Some(mib(80)),
+            seen: Some(mib(100)),
+        };
+        assert!(!worth_a_trim(&mut mark, mib(103), mib(80)));
+        assert!(!worth_a_trim(&mut mark, mib(103), mib(80)));
     }
 
     /// Memory a wave of small blocks freed below the top of a heap goes back to the
@@ -232,7 +278,7 @@ mod tests {
         // The mark once the wave is in (whatever this thread's arena held free before).
         let mut mark = Mark {
             free: allocator::usage().map(|(free, _)| free),
-            rss: None,
+            ..Mark::default()
         };
         assert!(mark.free.is_some(), "glibc says how much it holds free");
         let kept: Vec<Vec<u8>> = blocks
