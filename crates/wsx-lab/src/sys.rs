@@ -243,11 +243,10 @@ impl PacketSocket {
             fd: unsafe { OwnedFd::from_raw_fd(raw) },
         };
         set_int(&sock, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1)?;
-        // Each frame's own arrival time, not the time its batch was read.
-        set_int(&sock, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
-        // Root may exceed rmem_max/wmem_max; large buffers absorb bursts while we sleep.
+        // Each frame's own arrival time, not the time its batch was read; root may exceed
+        // rmem_max/wmem_max, and large buffers absorb bursts while we sleep.
+        stamp_arrivals(&sock, buffer_bytes)?;
         let size = buffer_bytes.min(i32::MAX as usize) as libc::c_int;
-        set_int(&sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, size)?;
         set_int(&sock, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, size)?;
         // SAFETY: sockaddr_ll is plain data.
         let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };

@@ -88,6 +88,17 @@ struct Mark {
     seen: Option<u64>,
 }
 
+impl Mark {
+    /// Where a trim that left `free` bytes free and `rss` resident sets the mark.
+    fn after_trim(free: Option<u64>, rss: u64) -> Self {
+        Self {
+            free,
+            rss: Some(rss),
+            seen: free,
+        }
+    }
+}
+
 /// Whether a trim is worth it with `free` bytes held free by the allocator and `rss`
 /// resident: the free bytes have grown by [`RELEASE_ABOVE`] since the mark (a wave ended),
 /// or by [`RELEASE_SETTLED`] and moved by less than [`STILL`] since the last look (the
@@ -127,11 +138,7 @@ fn release_if_grown(mark: &mut Mark) -> Option<Option<Release>> {
     let took = started.elapsed();
     let rss_after = resident_bytes().unwrap_or(0);
     let free_after = allocator::usage().map(|(free, _)| free);
-    *mark = Mark {
-        free: free_after,
-        rss: Some(rss_after),
-        seen: free_after,
-    };
+    *mark = Mark::after_trim(free_after, rss_after);
     Some(Some(Release {
         free,
         in_use,
@@ -218,11 +225,7 @@ mod tests {
         assert!(!worth_a_trim(&mut mark, mib(41), mib(50)));
         assert!(worth_a_trim(&mut mark, mib(42), mib(50)));
         // After the trim the mark is what is free and resident then (the chunks stay).
-        mark = Mark {
-            free: Some(mib(42)),
-            rss: Some(mib(30)),
-            seen: None,
-        };
+        mark = Mark::after_trim(Some(mib(42)), mib(30));
         assert!(!worth_a_trim(&mut mark, mib(60), mib(40)));
         // A wave that used the free memory again lowers the mark; what it frees counts
         // from there.
@@ -231,11 +234,7 @@ mod tests {
         assert!(worth_a_trim(&mut mark, mib(37), mib(40)));
         // A wave that came and went between two looks: as much free as at the mark, but
         // its pages resident again.
-        mark = Mark {
-            free: Some(mib(42)),
-            rss: Some(mib(30)),
-            seen: None,
-        };
+        mark = Mark::after_trim(Some(mib(42)), mib(30));
         assert!(!worth_a_trim(&mut mark, mib(42), mib(61)));
         assert!(worth_a_trim(&mut mark, mib(42), mib(62)));
         // Not with too little free to give back, however large the process grew.
@@ -245,22 +244,14 @@ mod tests {
     #[test]
     fn the_tail_of_a_wave_is_trimmed_once_nothing_more_is_freed() {
         let mib = |n: u64| n << 20;
-        let mut mark = Mark {
-            free: Some(mib(100)),
-            rss: Some(mib(80)),
-            seen: Some(mib(100)),
-        };
+        let mut mark = Mark::after_trim(Some(mib(100)), mib(80));
         // The last sessions of a wave end after its last trim: less than a trim's worth.
         assert!(!worth_a_trim(&mut mark, mib(110), mib(80)));
         assert!(!worth_a_trim(&mut mark, mib(120), mib(80)));
         // Nothing more freed since the last look: the wave is over.
         assert!(worth_a_trim(&mut mark, mib(120) + mib(1) / 2, mib(80)));
         // Still, but too little grown to be worth a trim.
-        let mut mark = Mark {
-            free: Some(mib(100)),
-            rss: Some(mib(80)),
-            seen: Some(mib(100)),
-        };
+        let mut mark = Mark::after_trim(Some(mib(100)), mib(80));
         assert!(!worth_a_trim(&mut mark, mib(103), mib(80)));
         assert!(!worth_a_trim(&mut mark, mib(103), mib(80)));
     }
