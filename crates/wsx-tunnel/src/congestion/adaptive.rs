@@ -40,7 +40,10 @@
 //! the line drops packets before it (5 % loss without FEC kept 84-85 % of the lab's link
 //! instead of 92 %). `p` is measured on the packets sent while draining (told apart by when
 //! they were sent), below the bottleneck's rate, so that a queue too short to show a rising
-//! RTT, whose overflow looks random, does not make the sender send for its own overflow.
+//! RTT, whose overflow looks random, does not make the sender send for its own overflow;
+//! and on Rapid Start's rounds that were paced no faster than the bottleneck rate it ended
+//! with, so that a new connection whose ramp sent enough below that rate (about 600
+//! packets at 100 Mbit/s and 100 ms) knows `p` when its first drain ends.
 //! Because the pacing rate is raised so, a drain lasts until what is in flight is the
 //! bandwidth-delay product and the share of it the line loses (lost packets count in flight
 //! until they are declared lost), that share taken a standard error below its estimate: a
@@ -70,11 +73,12 @@
 //! path's rate: these rounds never count towards a full pipe, and the estimate keeps what
 //! they found.
 
-use super::loss_pattern::{Cause, LossPattern};
+use super::loss_pattern::{CLUSTER_LEN, Cause, LossPattern};
 use super::{
     AckEvent, Controller, ControllerFactory, ControllerState, LossEvent, LossVerdict, PathHint,
     PathParams, bytes_in, rate_of, scale,
 };
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// 2/ln 2, per mille: the Rapid Start pacing gain.
@@ -121,6 +125,10 @@ const LINE_LOSS_PACKETS: u64 = 500;
 /// ([`LINE_LOSS_KEEP`]): otherwise one of 13 packets (10 Mbit/s at 20 ms) would follow a
 /// change only after some 400 probe cycles.
 const LINE_LOSS_MEMORY: u64 = 5000;
+/// Rapid Start's last rounds recorded for the line's loss rate (see [`RampRound`]):
+/// doubling each round from the first delivery sample, twenty reach any path's rate, and
+/// an idle tunnel's rounds (a keepalive each) before the ramp leave the record in turn.
+const RAMP_ROUNDS: usize = 32;
 /// The most of the line's loss history one drain keeps.
 const LINE_LOSS_KEEP: f64 = 0.968_75;
 /// The most random loss the pacing rate makes up for (see `for_random_loss`): beyond it
@@ -197,6 +205,12 @@ pub struct Adaptive {
     pattern: LossPattern,
     /// The last drain's packets, until their losses are known (see [`DrainSpan`]).
     drain: Option<DrainSpan>,
+    /// Rapid Start's last [`RAMP_ROUNDS`] rounds while it lasts (see [`RampRound`]).
+    ramp: VecDeque<RampRound>,
+    /// Rapid Start's rounds that sent below the bottleneck rate found at its end, until
+    /// their losses are known: a drain's worth of the line's loss, learnt seconds before
+    /// the probe cycle's drains have sent enough to tell it.
+    ramp_span: Option<DrainSpan>,
     /// When the last ACK frame was taken: the losses it revealed have been reported since.
     last_ack: Instant,
     /// See [`Adaptive::line_loss`]: the bytes drains sent and lost, each decayed over
@@ -241,6 +255,8 @@ impl Adaptive {
             in_flight: 0,
             pattern: LossPattern::new(),
             drain: None,
+            ramp: VecDeque::new(),
+            ramp_span: None,
             last_ack: now,
             line_sent: 0.0,
             line_lost: 0.0,
@@ -319,7 +335,7 @@ impl Adaptive {
             + MIN_WINDOW_PACKETS * self.max_datagram;
     }
 
-    fn on_round_start(&mut self) {
+    fn on_round_start(&mut self, now: Instant) {
         self.pattern.on_round_end();
         let app_limited = std::mem::take(&mut self.round_app_limited);
         // An idle tunnel (keepalive PINGs only) must not conclude that the pipe is full.
@@ -331,10 +347,61 @@ impl Adaptive {
             } else {
                 self.full_rate_rounds += 1;
                 if self.full_rate_rounds >= FULL_PIPE_ROUNDS {
-                    self.phase = Phase::Drain;
+                    self.end_rapid_start(now);
                 }
             }
         }
+    }
+
+    /// Counts a packet (or a burst of parity) of `bytes` sent at `now` in Rapid Start's
+    /// current round.
+    fn on_ramp_sent(&mut self, now: Instant, bytes: u64) {
+        let pacing = self.pacing_rate;
+        if let Some(last) = self.ramp.back_mut()
+            && last.round == self.round
+        {
+            last.sent += bytes;
+            last.pacing = last.pacing.max(pacing);
+            return;
+        }
+        if self.ramp.len() == RAMP_ROUNDS {
+            self.ramp.pop_front();
+        }
+        self.ramp.push_back(RampRound {
+            round: self.round,
+            start: now,
+            pacing,
+            sent: bytes,
+            lost: 0,
+        });
+    }
+
+    /// Leaves Rapid Start for its drain. The rounds that sent no faster than the
+    /// bottleneck rate it found queued nothing there, so what they lost the line lost:
+    /// they become a span whose losses are folded into the line's loss rate once known, as
+    /// a drain's are. At 5 % loss the first probe cycle's drains took two seconds to send
+    /// the packets the line's rate needs, while the sender paced at the bottleneck rate
+    /// alone and the bottleneck idled for the line's share; a ramp to 100 Mbit/s at 100 ms
+    /// sends about 600 packets below that rate.
+    fn end_rapid_start(&mut self, now: Instant) {
+        self.phase = Phase::Drain;
+        let rate = self.bottleneck.get();
+        let rounds = std::mem::take(&mut self.ramp);
+        let below = rounds.iter().take_while(|r| r.pacing <= rate).count();
+        let Some(first) = rounds.front().filter(|_| below > 0) else {
+            return;
+        };
+        let end = rounds.get(below).map_or(now, |r| r.start);
+        let (sent, lost) = rounds
+            .range(..below)
+            .fold((0, 0), |(sent, lost), r| (sent + r.sent, lost + r.lost));
+        self.ramp_span = Some(DrainSpan {
+            start: first.start,
+            end: Some(end),
+            sent,
+            lost,
+            spoiled: false,
+        });
     }
 
     /// Counts a packet (or a burst of parity) of `bytes` sent at `now` in the current
@@ -372,14 +439,12 @@ impl Adaptive {
     /// fold the drain itself: its losses would be left out.
     fn learn_line_loss_after(&mut self, acked: Instant) {
         let settle = 2 * self.min_rtt + self.peer_ack_delay;
-        let Some(span) = self
-            .drain
-            .take_if(|span| span.end.is_some_and(|end| acked >= end + settle))
-        else {
-            return;
-        };
-        if !span.spoiled {
-            self.learn_line_loss(span.sent, span.lost);
+        let settled = |span: &mut DrainSpan| span.end.is_some_and(|end| acked >= end + settle);
+        let spans = [self.ramp_span.take_if(settled), self.drain.take_if(settled)];
+        for span in spans.into_iter().flatten() {
+            if !span.spoiled {
+                self.learn_line_loss(span.sent, span.lost);
+            }
         }
     }
 
@@ -511,6 +576,11 @@ impl Adaptive {
 impl Controller for Adaptive {
     fn on_sent(&mut self, now: Instant, bytes: u64, in_flight: u64) {
         self.in_flight = in_flight;
+        // From the first delivery sample: before it (a new connection's first round, the
+        // probes after persistent congestion) nothing says the path carries what is sent.
+        if self.phase == Phase::RapidStart && self.bottleneck.get() > 0 {
+            self.on_ramp_sent(now, bytes);
+        }
         self.on_drain_sent(now, bytes);
     }
 
@@ -522,11 +592,18 @@ impl Controller for Adaptive {
         if let Some(sample) = ack.rtt_sample {
             self.update_min_rtt(now, sample);
         }
-        self.pattern.on_ack(ack.acked_packets, ack.rtt_sample);
+        let inflation = self.inflation();
+        self.pattern.on_ack(
+            now,
+            ack.acked_packets,
+            ack.rtt_sample,
+            self.min_rtt,
+            inflation,
+        );
         if ack.prior_delivered >= self.next_round_delivered {
             self.round += 1;
             self.next_round_delivered = ack.delivered;
-            self.on_round_start();
+            self.on_round_start(now);
         }
         if let Some(sample) = ack.rate {
             // A sample the application limited measures the application: it may raise the
@@ -551,14 +628,18 @@ impl Controller for Adaptive {
     fn on_loss(&mut self, now: Instant, loss: &LossEvent<'_>) -> LossVerdict {
         self.losses += loss.lost.len() as u64;
         self.in_flight = loss.in_flight;
-        let inflation = self.inflation();
-        let verdict = self.pattern.on_loss(loss.lost, self.min_rtt, inflation);
-        if let Some(span) = &mut self.drain {
-            for p in loss.lost.iter().filter(|p| !p.repaired) {
+        let verdict = self.pattern.on_loss(loss.lost);
+        for p in loss.lost.iter().filter(|p| !p.repaired) {
+            for span in [&mut self.drain, &mut self.ramp_span].into_iter().flatten() {
                 if span.holds(p.sent) {
                     span.lost += p.bytes;
                 }
             }
+            if let Some(round) = self.ramp.iter_mut().rev().find(|r| r.start <= p.sent) {
+                round.lost += p.bytes;
+            }
+        }
+        if let Some(span) = &mut self.drain {
             // Any reaction while the drain awaits its losses: some of them may be the
             // overflow's, judged with other packets or not judged again after it.
             span.spoiled |= verdict.is_some();
@@ -571,9 +652,15 @@ impl Controller for Adaptive {
             Some(cause) => {
                 self.congestion_events += 1;
                 self.pattern.reacted(now);
-                tracing::debug!(?cause, phase = ?self.phase, rate = self.latest_rate, "congestion");
+                tracing::debug!(
+                    ?cause,
+                    phase = ?self.phase,
+                    rate = self.latest_rate,
+                    min_rtt = ?self.min_rtt,
+                    "congestion"
+                );
                 match self.phase {
-                    Phase::RapidStart => self.phase = Phase::Drain,
+                    Phase::RapidStart => self.end_rapid_start(now),
                     Phase::Drain | Phase::Optimal => {
                         // What the bottleneck last gave a sender with data to send; if the
                         // application has held the sender back since, that says nothing
@@ -592,6 +679,13 @@ impl Controller for Adaptive {
                         self.cycle_start = now;
                     }
                 }
+                // Rapid Start's rounds below the bottleneck rate queued nothing there, so the
+                // verdict that ends it is on the rounds after them; one that judged a run's
+                // worth of their own losses says they met a queue after all.
+                if let Some(span) = &mut self.ramp_span {
+                    let own = loss.lost.iter().filter(|p| span.holds(p.sent)).count();
+                    span.spoiled |= own as u64 >= CLUSTER_LEN;
+                }
                 self.update_outputs();
                 match cause {
                     Cause::Inflation => LossVerdict::Overflow,
@@ -602,9 +696,10 @@ impl Controller for Adaptive {
     }
 
     fn on_persistent_congestion(&mut self, now: Instant) {
-        if let Some(span) = &mut self.drain {
+        for span in [&mut self.drain, &mut self.ramp_span].into_iter().flatten() {
             span.spoiled = true;
         }
+        self.ramp.clear();
         // Nothing got through for several RTTs: what was learned may be wrong. Start over.
         self.bottleneck = WindowedMax::default();
         self.phase = Phase::RapidStart;
@@ -674,6 +769,17 @@ struct DrainSpan {
     lost: u64,
     /// A congestion verdict came while it awaited its losses: some may be an overflow's.
     spoiled: bool,
+}
+
+/// One of Rapid Start's rounds: when it began, the highest pacing rate it sent at, what it
+/// sent and what of that was lost (and not rebuilt by the peer).
+#[derive(Debug, Clone, Copy)]
+struct RampRound {
+    round: u64,
+    start: Instant,
+    pacing: u64,
+    sent: u64,
+    lost: u64,
 }
 
 impl DrainSpan {
@@ -892,6 +998,95 @@ mod tests {
         on_loss(&mut c, start + 240 * MS, &losses);
         on_ack(&mut c, start + 250 * MS, 12_500_000, false);
         c.line_loss()
+    }
+
+    /// A cold controller through Rapid Start: rounds of 160 packets of which 6 are lost at
+    /// random (one round each per delivery sample: none yet, 0.5, 1, 2 and 4 MB/s, all
+    /// paced below the 12.5 MB/s found at the end), then two that overshoot (8 and 12.5
+    /// MB/s samples), whose losses come in two runs of 20: congestion, the end of Rapid
+    /// Start.
+    /// `late` are lost packets of the ramp's second round (the first after a delivery
+    /// sample, where the record begins) that are reported with that run.
+    /// The line's loss rate once the ramp's losses are known.
+    fn line_loss_after_rapid_start(late: &[u64]) -> Option<f64> {
+        let start = crate::test_epoch();
+        let mut c = cold(start, 100 * MS);
+        let rtt = crate::rtt::RttEstimator::new(100 * MS);
+        let us = Duration::from_micros(1);
+        let ack = |c: &mut Adaptive, now: Instant, delivered: &mut u64, rate: u64| {
+            let prior = *delivered;
+            *delivered += 154 * 1400;
+            let ack = AckEvent {
+                acked_bytes: 154 * 1400,
+                acked_packets: 154,
+                in_flight: 0,
+                rtt: &rtt,
+                rtt_sample: Some(100 * MS),
+                rate: Some(super::super::RateSample {
+                    rate,
+                    interval: 100 * MS,
+                    app_limited: false,
+                }),
+                prior_delivered: prior,
+                delivered: *delivered,
+            };
+            c.on_ack(now, &ack);
+        };
+        let mut delivered = 0;
+        let rates = [
+            0, 500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000, 12_500_000,
+        ];
+        for (k, &rate) in (0u64..).zip(&rates) {
+            let round = start + k as u32 * 100 * MS;
+            if rate > 0 {
+                ack(&mut c, round, &mut delivered, rate);
+                // The last round's losses, one in 27 at random.
+                let last = round - 100 * MS + MS;
+                let numbers = (0..6).map(|i| (k - 1) * 160 + 1 + i * 27);
+                if k < 6 {
+                    assert_eq!(
+                        on_loss(&mut c, round, &lost(numbers, last)),
+                        LossVerdict::Random
+                    );
+                }
+            }
+            assert_eq!(c.phase, Phase::RapidStart);
+            for i in 0..160 {
+                c.on_sent(round + MS + i * 100 * us, 1400, 0);
+            }
+        }
+        // The overshooting rounds' run, and the ramp's late losses with it.
+        let overshoot = start + 501 * MS;
+        let mut losses = lost(late.iter().copied(), start + 101 * MS);
+        losses.extend(lost((800..820).chain(830..850), overshoot));
+        let verdict = on_loss(&mut c, start + 700 * MS, &losses);
+        assert_ne!(verdict, LossVerdict::Random);
+        assert_eq!(c.phase, Phase::Drain);
+        // The ramp's packets settle 2 RTT and the ACK delay after the last of them was
+        // sent (500 ms): known with the first ACK after 725 ms.
+        ack(&mut c, start + 720 * MS, &mut delivered, 12_500_000);
+        ack(&mut c, start + 730 * MS, &mut delivered, 12_500_000);
+        assert_eq!(
+            c.line_loss(),
+            None,
+            "learned before the ramp's losses were known"
+        );
+        ack(&mut c, start + 740 * MS, &mut delivered, 12_500_000);
+        c.line_loss()
+    }
+
+    #[test]
+    fn the_line_loss_is_learned_from_rapid_start_below_the_bottleneck() {
+        // 24 of 640 (the fifth round's losses came with its ACK after it ended): the round
+        // before any delivery sample is not recorded, the two rounds paced above 12.5 MB/s
+        // are left out.
+        let learned = line_loss_after_rapid_start(&[]).expect("a line loss rate");
+        assert!((learned - 24.0 / 640.0).abs() < 1e-9, "{learned}");
+        // A late loss of the ramp's, reported with the overflow: still the line's.
+        let learned = line_loss_after_rapid_start(&[300]).expect("a line loss rate");
+        assert!((learned - 25.0 / 640.0).abs() < 1e-9, "{learned}");
+        // A congestion verdict on the ramp's own packets: they met a queue after all.
+        assert_eq!(line_loss_after_rapid_start(&[300, 301, 302, 303]), None);
     }
 
     #[test]

@@ -28,6 +28,10 @@ pub struct LinkConfig {
     pub reorder_delay: Duration,
     /// Probability that a datagram is delivered twice.
     pub duplicate: f64,
+    /// A host on the way held off the CPU: with the probability, per datagram, the line
+    /// stops for the duration as the datagram arrives, and it and all that arrive while it
+    /// is stopped come out at its end, in order (`None`: never).
+    pub stall: Option<(f64, Duration)>,
     /// Probability that one byte of a datagram is flipped.
     pub corrupt: f64,
     /// Datagrams longer than this are dropped: a path whose MTU is below them, with
@@ -54,6 +58,7 @@ impl LinkConfig {
             reorder: 0.0,
             reorder_delay: Duration::ZERO,
             duplicate: 0.0,
+            stall: None,
             corrupt: 0.0,
             max_datagram: Some(ETHERNET_IPV6_DATAGRAM),
         }
@@ -87,6 +92,8 @@ pub(crate) struct Link {
     /// When the bottleneck finishes serializing what it has accepted.
     busy_until: Option<Instant>,
     bad_state: bool,
+    /// Until when a stall (see [`LinkConfig::stall`]) holds arrivals.
+    stalled_until: Option<Instant>,
     sequence: u64,
     /// (arrival, sequence, slot, tag): the tag says which endpoint sent (or is to receive)
     /// the datagram when several share the link.
@@ -104,6 +111,7 @@ impl Link {
             rng: fastrand::Rng::with_seed(seed),
             busy_until: None,
             bad_state: false,
+            stalled_until: None,
             sequence: 0,
             in_flight: BinaryHeap::new(),
             slots: Vec::new(),
@@ -157,6 +165,17 @@ impl Link {
             return;
         }
         let mut arrive = leave + self.config.delay;
+        // A stall starts only on a running line: one that began while stopped would let
+        // what it holds out in the middle of the longer stall.
+        if let Some((chance, length)) = self.config.stall
+            && self.stalled_until.is_none_or(|until| arrive >= until)
+            && self.chance(chance)
+        {
+            self.stalled_until = Some(arrive + length);
+        }
+        if let Some(until) = self.stalled_until {
+            arrive = arrive.max(until);
+        }
         if self.chance(self.config.reorder) {
             arrive += self.config.reorder_delay;
         }
@@ -252,6 +271,34 @@ mod tests {
         // One millisecond per packet, after 50 ms of delay.
         assert_eq!(arrivals[0], Duration::from_millis(51));
         assert_eq!(arrivals[9], Duration::from_millis(60));
+    }
+
+    #[test]
+    fn a_stall_holds_what_arrives_during_it_in_order() {
+        let t0 = crate::test_epoch();
+        let ms = Duration::from_millis(1);
+        let config = LinkConfig {
+            rate: None,
+            stall: Some((1.0, 30 * ms)),
+            ..LinkConfig::new(40 * ms, 1)
+        };
+        let mut link = Link::new(config, 1);
+        // Arrives at 20 ms and stops the line until 50 ms; the stalls that would start in
+        // it do not.
+        link.send(t0, &[1], 0);
+        link.send(t0 + 5 * ms, &[2], 0);
+        link.send(t0 + 29 * ms, &[3], 0);
+        link.config.stall = None;
+        link.send(t0 + 31 * ms, &[4], 0);
+        let mut out = Vec::new();
+        let mut arrivals = Vec::new();
+        while let Some(now) = link.next_arrival() {
+            while link.receive(now, &mut out).is_some() {
+                arrivals.push((now - t0, out[0]));
+            }
+        }
+        let expected = [(50 * ms, 1), (50 * ms, 2), (50 * ms, 3), (51 * ms, 4)];
+        assert_eq!(arrivals, expected);
     }
 
     #[test]

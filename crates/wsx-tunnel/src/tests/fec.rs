@@ -63,13 +63,17 @@ fn one_percent_random_loss_is_repaired_without_retransmission() {
     let data = s1.eliciting_sent - s0.eliciting_sent;
     let overhead = parity as f64 / data as f64;
     assert!(overhead <= 0.10, "overhead {overhead:.3}: {s1:#?}");
-    // Every repaired loss still reached the controller as a loss.
+    // Every repaired loss still reached the controller as a loss; of the packets lost,
+    // only ACK-only ones may be missing there (it hears of those only when rebuilt), and
+    // no more of them than were sent.
     let c0 = s0.congestion.expect("adaptive");
     let c1 = s1.congestion.expect("adaptive");
-    assert_eq!(
-        c1.losses - c0.losses,
-        recovered + retransmitted,
-        "{c0:?} {c1:?}"
+    let judged = c1.losses - c0.losses;
+    let ack_only = s1.ack_only_sent - s0.ack_only_sent;
+    assert!(
+        judged <= recovered + retransmitted && judged + ack_only >= recovered + retransmitted,
+        "{judged} judged, {recovered} recovered, {retransmitted} lost, {ack_only} ACK-only \
+         sent: {c0:?} {c1:?}"
     );
 }
 

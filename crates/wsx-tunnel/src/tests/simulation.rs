@@ -108,7 +108,10 @@ fn without_fec_five_percent_random_loss_keeps_90_percent() {
 /// lost). Measured (seeds 1-3): the bottleneck busy 96.9-97.4 % of the 21 s, goodput
 /// 96.4-97.1 % at steady state; when a drain waited for the bandwidth-delay product alone,
 /// busy 96.0 % and goodput 95.6 % (seed 1: the bottleneck idled for about 8 % of a round
-/// trip per probe cycle); paced at the estimate alone, goodput 91.1 % (seed 1).
+/// trip per probe cycle); paced at the estimate alone, goodput 91.1 % (seed 1). Since a
+/// queue must stand 4 ms to count (`loss_pattern.rs`), seeds 1-12 keep 95.45-97.2 % at
+/// steady state (seed 3: 95.45, where it took 96.0 before, and seed 10 97.0 against
+/// 96.1: the start's verdict comes a few packets later and the runs part ways).
 #[test]
 fn five_percent_loss_before_the_bottleneck_keeps_it_busy() {
     for seed in 1..4 {
@@ -120,7 +123,7 @@ fn five_percent_loss_before_the_bottleneck_keeps_it_busy() {
         let u = utilization(&transfers, 30, 200, RATE);
         let busy = pair.link_stats(0).delivered_bytes as f64 / (RATE as f64 * 21.0);
         assert!(
-            busy >= 0.965 && u >= 0.955,
+            busy >= 0.965 && u >= 0.954,
             "seed {seed}: utilization {u:.4}, bottleneck busy {busy:.4}"
         );
     }
@@ -187,6 +190,39 @@ fn random_loss_at_the_start_does_not_end_rapid_start() {
                 &transfers.delivered[..20.min(transfers.delivered.len())]
             );
         }
+    }
+}
+
+/// A receiver held off the CPU for a moment acknowledges late: a late ACK is not a queue.
+/// The reverse path stalls for 40 ms at one ACK in fifty, as a gateway's would on a host
+/// whose CPU is often taken from it; with a random loss in the same round, one such sample
+/// once ended Rapid Start at a fraction of the path's rate (in the lab at 5 % loss, 1-20 %
+/// of it in half of the runs on such a machine). Without the 4 ms a queue must stand,
+/// seed 0 already fails.
+#[test]
+fn late_acks_do_not_end_rapid_start() {
+    for seed in 0..8 {
+        let mut forward = LinkConfig::new(RTT, 100).with_loss(0.05);
+        forward.loss_before_queue = true;
+        let reverse = LinkConfig {
+            stall: Some((0.02, 40 * MS)),
+            ..LinkConfig::new(RTT, 1000)
+        };
+        let config = crate::testing::transport_config();
+        let mut pair = Pair::with_config(crate::test_epoch(), forward, reverse, 200 + seed, config);
+        pair.connect();
+        let mut transfers = endless_stream(&mut pair);
+        run_for(&mut pair, &mut transfers, Duration::from_secs(3));
+        let first = transfers
+            .delivered
+            .iter()
+            .position(|&b| b as f64 >= 0.8 * RATE as f64 * 0.1);
+        assert!(
+            first.is_some_and(|f| f < 20),
+            "seed {seed}: first bucket at 80 %: {first:?}: {:?} {:?}",
+            &transfers.delivered[..20.min(transfers.delivered.len())],
+            pair.client().stats().congestion
+        );
     }
 }
 
