@@ -920,10 +920,25 @@ mod tests {
 
     /// An ACK of one packet with a delivery sample of `rate`.
     fn on_ack(c: &mut Adaptive, now: Instant, rate: u64, app_limited: bool) {
+        on_ack_of(c, now, 1, &mut 0, rate, app_limited);
+    }
+
+    /// An ACK of `packets` of 1,400 bytes, a 100 ms RTT sample and a delivery sample of
+    /// `rate`, with `delivered` the bytes delivered before it (counted on).
+    fn on_ack_of(
+        c: &mut Adaptive,
+        now: Instant,
+        packets: u64,
+        delivered: &mut u64,
+        rate: u64,
+        app_limited: bool,
+    ) {
         let rtt = crate::rtt::RttEstimator::new(100 * MS);
+        let prior_delivered = *delivered;
+        *delivered += packets * 1400;
         let ack = AckEvent {
-            acked_bytes: 1400,
-            acked_packets: 1,
+            acked_bytes: packets * 1400,
+            acked_packets: packets,
             in_flight: 0,
             rtt: &rtt,
             rtt_sample: Some(100 * MS),
@@ -932,8 +947,8 @@ mod tests {
                 interval: 100 * MS,
                 app_limited,
             }),
-            prior_delivered: 0,
-            delivered: 1400,
+            prior_delivered,
+            delivered: *delivered,
         };
         c.on_ack(now, &ack);
     }
@@ -1011,26 +1026,9 @@ mod tests {
     fn line_loss_after_rapid_start(late: &[u64]) -> Option<f64> {
         let start = crate::test_epoch();
         let mut c = cold(start, 100 * MS);
-        let rtt = crate::rtt::RttEstimator::new(100 * MS);
         let us = Duration::from_micros(1);
         let ack = |c: &mut Adaptive, now: Instant, delivered: &mut u64, rate: u64| {
-            let prior = *delivered;
-            *delivered += 154 * 1400;
-            let ack = AckEvent {
-                acked_bytes: 154 * 1400,
-                acked_packets: 154,
-                in_flight: 0,
-                rtt: &rtt,
-                rtt_sample: Some(100 * MS),
-                rate: Some(super::super::RateSample {
-                    rate,
-                    interval: 100 * MS,
-                    app_limited: false,
-                }),
-                prior_delivered: prior,
-                delivered: *delivered,
-            };
-            c.on_ack(now, &ack);
+            on_ack_of(c, now, 154, delivered, rate, false);
         };
         let mut delivered = 0;
         let rates = [

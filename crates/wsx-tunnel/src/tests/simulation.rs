@@ -152,11 +152,15 @@ fn reverse_packets_are_at_most_one_per_twenty_data_packets() {
 /// The first receiver bucket (buckets are one RTT, 100 ms, long) in which goodput reached 90 %
 /// of the bottleneck.
 fn first_rtt_at_90_percent(transfers: &Transfers) -> usize {
+    first_bucket_at(transfers, 0.9).expect("never reached 90 %")
+}
+
+/// The first of the receiver's 100 ms buckets that carried `share` of the bottleneck.
+fn first_bucket_at(transfers: &Transfers, share: f64) -> Option<usize> {
     transfers
         .delivered
         .iter()
-        .position(|&b| b as f64 >= 0.9 * RATE as f64 * 0.1)
-        .expect("never reached 90 %")
+        .position(|&b| b as f64 >= share * RATE as f64 * 0.1)
 }
 
 /// A lossy start is not taken for a full queue. While only a few packets are in flight the
@@ -180,10 +184,7 @@ fn random_loss_at_the_start_does_not_end_rapid_start() {
             pair.run_until(Duration::from_secs(4), |pair| pair.now >= idle_until);
             let mut transfers = endless_stream(&mut pair);
             run_for(&mut pair, &mut transfers, Duration::from_secs(4));
-            let first = transfers
-                .delivered
-                .iter()
-                .position(|&b| b as f64 >= 0.8 * RATE as f64 * 0.1);
+            let first = first_bucket_at(&transfers, 0.8);
             assert!(
                 first.is_some_and(|f| f < 20),
                 "seed {seed}, loss {loss}: first bucket at 80 %: {first:?}: {:?}",
@@ -213,10 +214,7 @@ fn late_acks_do_not_end_rapid_start() {
         pair.connect();
         let mut transfers = endless_stream(&mut pair);
         run_for(&mut pair, &mut transfers, Duration::from_secs(3));
-        let first = transfers
-            .delivered
-            .iter()
-            .position(|&b| b as f64 >= 0.8 * RATE as f64 * 0.1);
+        let first = first_bucket_at(&transfers, 0.8);
         assert!(
             first.is_some_and(|f| f < 20),
             "seed {seed}: first bucket at 80 %: {first:?}: {:?} {:?}",
