@@ -42,8 +42,9 @@
 //! they were sent), below the bottleneck's rate, so that a queue too short to show a rising
 //! RTT, whose overflow looks random, does not make the sender send for its own overflow;
 //! and on Rapid Start's rounds that were paced no faster than the bottleneck rate it ended
-//! with, so that a new connection whose ramp sent enough below that rate (about 600
-//! packets at 100 Mbit/s and 100 ms) knows `p` when its first drain ends.
+//! with, so that a new connection whose ramp sent enough below that rate (the 500
+//! packets' worth `p` needs; a ramp to 100 Mbit/s at 100 ms does) knows `p` when its
+//! first drain ends.
 //! Because the pacing rate is raised so, a drain lasts until what is in flight is the
 //! bandwidth-delay product and the share of it the line loses (lost packets count in flight
 //! until they are declared lost), that share taken a standard error below its estimate: a
@@ -382,7 +383,7 @@ impl Adaptive {
     /// a drain's are. At 5 % loss the first probe cycle's drains took two seconds to send
     /// the packets the line's rate needs, while the sender paced at the bottleneck rate
     /// alone and the bottleneck idled for the line's share; a ramp to 100 Mbit/s at 100 ms
-    /// sends about 600 packets below that rate.
+    /// sends more than the 500 packets' worth that needs below that rate.
     fn end_rapid_start(&mut self, now: Instant) {
         self.phase = Phase::Drain;
         let rate = self.bottleneck.get();
